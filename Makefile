@@ -1,0 +1,58 @@
+# Allmende: `make demo` runs the platform with demo data, `make test` runs the tests.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+PYTHON ?= python3
+
+.PHONY: help install jars demo up down test test-unit lint format bench schemas clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed ## create the virtualenv with the project and its dev tools
+
+infra/kafka/lib/.fetched: infra/kafka/pom.xml
+	mvn -q -B -f infra/kafka/pom.xml package
+	touch $@
+
+jars: infra/kafka/lib/.fetched ## fetch the Kafka broker jars (Maven Central, cached in ~/.m2)
+
+demo: install jars ## start Kafka, the worker and the API on embedded ClickHouse; replay a real trace
+	$(BIN)/allmende demo
+
+up: install jars ## start the platform in the background (no replay)
+	$(BIN)/allmende up
+
+down: ## stop what demo/up started
+	-$(BIN)/allmende down
+
+test: install jars ## run all tests (starts its own Kafka unless KAFKA_BOOTSTRAP_SERVERS is set)
+	$(BIN)/pytest --cov --cov-report=term:skip-covered
+
+test-unit: install ## only the pure-domain tests
+	$(BIN)/pytest tests/unit
+
+lint: install ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+schemas: install ## regenerate the JSON Schema files from the event models
+	$(PY) -m schemas.export
+
+bench: install jars ## end-to-end ingest benchmark against a local broker
+	$(PY) bench/ingest.py
+
+clean: down
+	rm -rf .allmende .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov

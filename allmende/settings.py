@@ -1,0 +1,62 @@
+"""All configuration, from environment variables prefixed `ALLMENDE_` (see docs/configuration)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ALLMENDE_", extra="ignore", populate_by_name=True)
+
+    # Kafka. KAFKA_BOOTSTRAP_SERVERS (no prefix) wins, as the tests and compose use it.
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "ALLMENDE_KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    topic_prefix: str = "allmende"
+    topic_partitions: int = Field(default=6, ge=1, le=1000)
+
+    # ClickHouse: `chdb:///path` (embedded, one process owns it) or `http://host:8123`.
+    clickhouse_dsn: str = f"chdb://{PROJECT_ROOT / '.allmende' / 'chdb'}"
+    clickhouse_database: str = "allmende"
+
+    # Ledger writer batching: flush at this many records or after this many milliseconds.
+    writer_batch_max: int = Field(default=20_000, ge=1)
+    writer_batch_wait_ms: int = Field(default=200, ge=1)
+    writer_enabled: bool = True
+    writer_group: str = "allmende-ledger-writer"
+
+    # Metering worker (faust).
+    meter_app_id: str = "allmende-meter"
+    meter_data_dir: Path = PROJECT_ROOT / ".allmende" / "faust"
+
+    # HTTP API.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    # Local broker started by the project.
+    kafka_home: Path = PROJECT_ROOT / ".allmende" / "kafka"
+    run_dir: Path = PROJECT_ROOT / ".allmende" / "run"
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def job_events_topic(self) -> str:
+        return self.topic("job-events")
+
+    @property
+    def ledger_entries_topic(self) -> str:
+        return self.topic("ledger-entries")
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.topic("dead-letter")

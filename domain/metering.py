@@ -1,0 +1,190 @@
+"""Metering: turn a job's lifecycle events into exact, order-independent ledger entries.
+
+Model. Each timed event is a *boundary* of the job's GPU time, sorted by
+(time, rank, hash(event id), event id). The entry that a boundary closes covers the span from
+its predecessor to itself and depends on nothing else:
+
+- a usage sample charges its own `gpus_in_use` over that span (a meter reading covers the time
+  since the previous reading);
+- a preemption, a finish or a second start charges the GPUs in force at the predecessor (the
+  last sample's, or the start's);
+- any span that begins at a preemption or finish is idle: nothing runs between runs.
+
+Inserting a late boundary only moves predecessors later, never earlier, so an entry's content is
+a function of (its boundary, its predecessor, whether the job's JobSubmitted is known), and
+`version` encodes exactly those, growing whenever the content may change. The writer keeps the
+highest version of each entry: duplicates, reordering and redelivery converge to the ledger that
+in-order delivery gives.
+
+A JobPreempted or JobFinished that carries `started_at` adds the run's start as a boundary of its
+own, so a lost JobStarted costs nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from schemas.events import (
+    JobEvent,
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+)
+from schemas.ledger import UNATTRIBUTED, LedgerEntry
+
+# Rank breaks ties at the same second: a reading closes the span before it, then the run ends,
+# then a new run may start.
+SAMPLE, PREEMPT, FINISH, START = 0, 1, 2, 3
+_ENDS = (PREEMPT, FINISH)
+_GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the submitted GPU count
+
+# A boundary is [time, rank, hash24, event_id, gpus]; lists so that bisect compares keys.
+Boundary = list[Any]
+
+
+class MeteringRejected(ValueError):
+    """The event is well-formed but contradicts what is known of the job (dead-lettered)."""
+
+
+def _hash24(event_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=3).digest(), "big")
+
+
+def entry_id_for(job_id: str, boundary_event_id: str) -> str:
+    return hashlib.blake2b(f"{job_id}\x1f{boundary_event_id}".encode(), digest_size=16).hexdigest()
+
+
+def _boundary(time: int, rank: int, event_id: str, gpus: int) -> Boundary:
+    return [time, rank, _hash24(event_id), event_id, gpus]
+
+
+def _boundaries_of(event: JobEvent) -> list[Boundary]:
+    if isinstance(event, JobStarted):
+        return [_boundary(event.occurred_at, START, event.event_id, event.gpus)]
+    if isinstance(event, JobUsageSample):
+        return [_boundary(event.occurred_at, SAMPLE, event.event_id, event.gpus_in_use)]
+    if isinstance(event, JobPreempted | JobFinished):
+        rank = PREEMPT if isinstance(event, JobPreempted) else FINISH
+        found = [_boundary(event.occurred_at, rank, event.event_id, 0)]
+        if event.started_at is not None:
+            if event.started_at > event.occurred_at:
+                raise MeteringRejected(
+                    f"{event.type} {event.event_id}: started_at {event.started_at} is after "
+                    f"occurred_at {event.occurred_at}"
+                )
+            found.append(_boundary(event.started_at, START, f"{event.event_id}#start", _GPUS_FROM_SUBMISSION))
+        return found
+    raise TypeError(f"not a timed event: {type(event).__name__}")
+
+
+@dataclass(slots=True)
+class JobMeter:
+    """What the meter knows of one job; serialisable for the stream processor's state table."""
+
+    job_id: str
+    submitted: dict[str, Any] | None = None
+    boundaries: list[Boundary] = field(default_factory=list)
+
+    # -- persistence ---------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({"j": self.job_id, "s": self.submitted, "b": self.boundaries})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> JobMeter:
+        data = orjson.loads(raw)
+        return cls(job_id=data["j"], submitted=data["s"], boundaries=data["b"])
+
+    # -- commands -----------------------------------------------------------------------------
+    def apply(self, event: JobEvent) -> list[LedgerEntry]:
+        """Record the event and return every entry whose content it may have changed.
+
+        A duplicate returns the same entries again: a lost emission heals on redelivery.
+        """
+        if event.job_id != self.job_id:
+            raise MeteringRejected(f"event for job {event.job_id} routed to job {self.job_id}")
+        if isinstance(event, JobSubmitted):
+            return self._apply_submitted(event)
+        touched: set[int] = set()
+        for boundary in _boundaries_of(event):
+            key = boundary[:4]
+            at = bisect.bisect_left(self.boundaries, key)
+            present = at < len(self.boundaries) and self.boundaries[at][:4] == key
+            if not present:
+                self.boundaries.insert(at, boundary)
+                touched = {i + 1 if i >= at else i for i in touched}
+            touched.update((at, at + 1))
+        return [self._entry(i) for i in sorted(touched) if i < len(self.boundaries)]
+
+    def _apply_submitted(self, event: JobSubmitted) -> list[LedgerEntry]:
+        if self.submitted is not None and self.submitted["event_id"] != event.event_id:
+            raise MeteringRejected(
+                f"job {self.job_id} already has JobSubmitted {self.submitted['event_id']}; "
+                f"{event.event_id} conflicts with it"
+            )
+        self.submitted = {
+            "event_id": event.event_id,
+            "project": event.project,
+            "user": event.user,
+            "cluster": event.cluster,
+            "gpu_type": event.gpu_type,
+            "priority_class": event.priority_class.value,
+            "interactive": event.interactive,
+            "gpus": event.gpus,
+        }
+        # Attribution (and the GPU count of recovered starts) changes every entry of the job.
+        return self.entries()
+
+    # -- queries ------------------------------------------------------------------------------
+    def entries(self) -> list[LedgerEntry]:
+        return [self._entry(i) for i in range(len(self.boundaries))]
+
+    def _gpus_at(self, boundary: Boundary) -> int:
+        rank, gpus = boundary[1], boundary[4]
+        if rank in _ENDS:
+            return 0
+        if gpus == _GPUS_FROM_SUBMISSION:
+            return int(self.submitted["gpus"]) if self.submitted else 0
+        return int(gpus)
+
+    def _entry(self, index: int) -> LedgerEntry:
+        boundary = self.boundaries[index]
+        time, rank, _, event_id, gpus = boundary
+        attributed = 1 if self.submitted else 0
+        if index == 0:
+            start, charged, pred_key = time, 0, 0
+        else:
+            pred = self.boundaries[index - 1]
+            start = pred[0]
+            pred_key = (pred[0] << 26) | (pred[1] << 24) | pred[2]
+            if pred[1] in _ENDS:
+                charged = 0
+            elif rank == SAMPLE:
+                charged = int(gpus)
+            else:
+                charged = self._gpus_at(pred)
+        sub = self.submitted or {}
+        return LedgerEntry(
+            entry_id=entry_id_for(self.job_id, event_id),
+            job_id=self.job_id,
+            version=(pred_key << 1) | attributed,
+            interval_start=start,
+            interval_end=time,
+            gpus=charged,
+            project=sub.get("project", UNATTRIBUTED),
+            user=sub.get("user", UNATTRIBUTED),
+            cluster=sub.get("cluster", UNATTRIBUTED),
+            gpu_type=sub.get("gpu_type", UNATTRIBUTED),
+            priority_class=sub.get("priority_class", UNATTRIBUTED),
+            interactive=bool(sub.get("interactive", False)),
+            source_event_id=event_id,
+        )
+
+    def gpu_seconds(self) -> int:
+        return sum(e.gpu_seconds for e in self.entries())

@@ -1,0 +1,40 @@
+"""Write the JSON Schema files under schemas/jsonschema from the pydantic models.
+
+`python -m schemas.export` regenerates them; `--check` exits 1 when the files have drifted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from schemas.dead_letter import DeadLetter
+from schemas.events import JOB_EVENT_TYPES, job_event_json_schema
+
+OUT = Path(__file__).resolve().parent / "jsonschema"
+
+
+def rendered() -> dict[str, str]:
+    docs: dict[str, object] = {"job-event.schema.json": job_event_json_schema()}
+    for model in JOB_EVENT_TYPES:
+        docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
+    docs["DeadLetter.schema.json"] = DeadLetter.model_json_schema()
+    return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in docs.items()}
+
+
+def main(argv: list[str]) -> int:
+    files = rendered()
+    if "--check" in argv:
+        stale = [n for n, text in files.items() if not (OUT / n).exists() or (OUT / n).read_text() != text]
+        for name in stale:
+            sys.stderr.write(f"schemas/jsonschema/{name} differs from the models: run make schemas\n")
+        return 1 if stale else 0
+    OUT.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (OUT / name).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Services: the ledger writer and the FastAPI apps. Thin adapters around `domain`."""

@@ -1,0 +1,85 @@
+"""The ledger API process: read-side routes, and (embedded ClickHouse) the ledger writer.
+
+With chDB one process owns the data directory, so the writer thread lives here, beside the API
+that reads what it writes. With a ClickHouse server, run writers and API processes apart
+(ALLMENDE_WRITER_ENABLED=false on the API side).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
+
+from allmende import __version__
+from allmende.clickhouse import Database
+from allmende.kafka_topics import ensure_topics
+from allmende.logs import configure_logging
+from allmende.settings import Settings
+from services.api.deps import Store, Writer
+from services.api.models import Health
+from services.api.routes_usage import router as usage_router
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
+
+log = structlog.get_logger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        s = settings or Settings()
+        configure_logging(s)
+        db = Database(s.clickhouse_dsn, s.clickhouse_database)
+        await run_in_threadpool(db.migrate)
+        app.state.store = LedgerStore(db)
+        app.state.writer = None
+        if s.writer_enabled:
+            await run_in_threadpool(ensure_topics, s)
+            app.state.writer = LedgerWriter(s, app.state.store)
+            app.state.writer.start()
+        log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
+        try:
+            yield
+        finally:
+            if app.state.writer is not None:
+                await run_in_threadpool(app.state.writer.stop)
+
+    app = FastAPI(
+        title="Allmende",
+        version=__version__,
+        summary="GPU-hour budgets, ledger and admission for shared GPU clusters",
+        lifespan=lifespan,
+    )
+    app.include_router(usage_router)
+    app.mount("/metrics", make_asgi_app())
+
+    @app.get("/healthz", response_model=Health, tags=["ops"])
+    async def healthz(store: Store, writer: Writer) -> Health | JSONResponse:
+        try:
+            await run_in_threadpool(store.db.rows, "SELECT 1")
+            clickhouse = "ok"
+        except Exception as exc:  # health must answer, whatever broke
+            clickhouse = f"error: {exc}"
+        writer_state = "disabled" if writer is None else (writer.last_error or "running")
+        health = Health(
+            status="ok" if clickhouse == "ok" else "degraded",
+            clickhouse=clickhouse,
+            writer=writer_state,
+            writer_batches=writer.batches if writer else 0,
+            writer_caught_up=bool(writer and writer.caught_up.is_set()),
+        )
+        if health.status != "ok":
+            return JSONResponse(health.model_dump(), status_code=503)
+        return health
+
+    @app.exception_handler(ValueError)
+    async def value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    return app

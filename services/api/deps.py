@@ -1,0 +1,24 @@
+"""Named dependencies: what a route needs, taken from the app's state (built in the lifespan)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
+
+
+def _store(request: Request) -> LedgerStore:
+    store: LedgerStore = request.app.state.store
+    return store
+
+
+def _writer(request: Request) -> LedgerWriter | None:
+    writer: LedgerWriter | None = request.app.state.writer
+    return writer
+
+
+Store = Annotated[LedgerStore, Depends(_store)]
+Writer = Annotated[LedgerWriter | None, Depends(_writer)]

@@ -1,0 +1,44 @@
+"""Response models of the public API (one model per direction)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from pydantic import BaseModel, Field
+
+SECONDS_PER_HOUR = 3600
+
+
+def gpu_hours(gpu_seconds: int) -> Decimal:
+    """Exact GPU-hours for display: integer seconds / 3600, to 4 decimal places (0.36 s)."""
+    return (Decimal(gpu_seconds) / SECONDS_PER_HOUR).quantize(Decimal("0.0001"))
+
+
+class UsageDay(BaseModel):
+    day: dt.date
+    group: str | None = Field(default=None, description="value of group_by, when given")
+    gpu_seconds: int
+    gpu_hours: Decimal
+
+
+class ProjectUsage(BaseModel):
+    project: str
+    first_day: dt.date
+    last_day: dt.date
+    group_by: str | None
+    total_gpu_seconds: int
+    total_gpu_hours: Decimal
+    days: list[UsageDay]
+
+
+class Health(BaseModel):
+    status: str
+    clickhouse: str
+    writer: str
+    writer_batches: int
+    writer_caught_up: bool
+
+
+class ErrorBody(BaseModel):
+    detail: str

@@ -1,0 +1,71 @@
+"""Usage read side: GPU-hours per project and day, from the `usage_daily` projection."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.concurrency import run_in_threadpool
+
+from services.api.deps import Store
+from services.api.models import ErrorBody, ProjectUsage, UsageDay, gpu_hours
+from services.ledger_store import LedgerStore
+
+router = APIRouter(prefix="/v1", tags=["usage"])
+
+MAX_RANGE_DAYS = 3_700  # ten years: a bound on every query
+ProjectName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
+
+
+def _usage(
+    store: LedgerStore, project: str, first: dt.date | None, last: dt.date | None, group_by: str | None
+) -> ProjectUsage:
+    span = store.project_days(project)
+    if span is None:
+        raise HTTPException(404, f"no usage has been recorded for project {project!r}")
+    first = first or span[0]
+    last = last or span[1]
+    if last < first:
+        raise HTTPException(422, f"'to' ({last}) is before 'from' ({first})")
+    if (last - first).days > MAX_RANGE_DAYS:
+        raise HTTPException(422, f"a range covers at most {MAX_RANGE_DAYS} days")
+    rows = store.usage_by_day(project, first, last, group_by)
+    days = [
+        UsageDay(day=d, group=k if group_by else None, gpu_seconds=s, gpu_hours=gpu_hours(s))
+        for d, k, s in rows
+    ]
+    total = sum(d.gpu_seconds for d in days)
+    return ProjectUsage(
+        project=project,
+        first_day=first,
+        last_day=last,
+        group_by=group_by,
+        total_gpu_seconds=total,
+        total_gpu_hours=gpu_hours(total),
+        days=days,
+    )
+
+
+@router.get(
+    "/projects/{project}/usage",
+    response_model=ProjectUsage,
+    responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    summary="GPU-hours of a project per UTC day and in total",
+)
+async def project_usage(
+    store: Store,
+    project: ProjectName,
+    from_: Annotated[dt.date | None, Query(alias="from", description="first day (UTC), inclusive")] = None,
+    to: Annotated[dt.date | None, Query(description="last day (UTC), inclusive")] = None,
+    group_by: Annotated[
+        Literal["user", "cluster", "gpu_type", "priority_class"] | None,
+        Query(description="split each day by this dimension: who or what burns the hours"),
+    ] = None,
+) -> ProjectUsage:
+    return await run_in_threadpool(_usage, store, project, from_, to, group_by)
+
+
+@router.get("/projects", response_model=list[str], summary="Projects that have recorded usage")
+async def projects(store: Store) -> list[str]:
+    return await run_in_threadpool(store.projects)

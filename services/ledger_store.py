@@ -1,0 +1,193 @@
+"""The ledger in ClickHouse: append postings, read current entry versions, offsets, projections."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from allmende.clickhouse import Database
+from domain.postings import Posting
+from schemas.ledger import LedgerEntry
+
+_POSTING_COLUMNS = (
+    "posting_id",
+    "kind",
+    "entry_id",
+    "job_id",
+    "version",
+    "interval_start",
+    "interval_end",
+    "gpus",
+    "day",
+    "piece_start",
+    "piece_end",
+    "gpu_seconds",
+    "project",
+    "user",
+    "cluster",
+    "gpu_type",
+    "priority_class",
+    "interactive",
+    "source_event_id",
+)
+_EPOCH = dt.date(1970, 1, 1)
+_USAGE_DIMENSIONS = {"user", "cluster", "gpu_type", "priority_class"}
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    postings_gpu_seconds: int
+    postings_count: int
+    projection_gpu_seconds: int
+    projection_count: int
+    duplicate_postings: int
+    rebuilt: bool
+
+
+class LedgerStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- write side ---------------------------------------------------------------------------
+    def append(self, postings: Sequence[Posting]) -> None:
+        """One INSERT, one part: the batch lands whole or not at all."""
+        rows = [
+            (
+                p.posting_id,
+                int(p.kind),
+                e.entry_id,
+                e.job_id,
+                e.version,
+                e.interval_start,
+                e.interval_end,
+                e.gpus,
+                _EPOCH + dt.timedelta(days=p.day),
+                p.piece_start,
+                p.piece_end,
+                p.gpu_seconds,
+                e.project,
+                e.user,
+                e.cluster,
+                e.gpu_type,
+                e.priority_class,
+                e.interactive,
+                e.source_event_id,
+            )
+            for p in postings
+            for e in (p.entry,)
+        ]
+        self.db.insert("ledger_postings", rows, _POSTING_COLUMNS)
+
+    def current_entries(self, job_ids: Iterable[str]) -> dict[str, LedgerEntry]:
+        """The highest accepted version of every entry of these jobs."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        rows = self.db.rows(
+            "SELECT entry_id, job_id, argMax(tuple(version, interval_start, interval_end, gpus,"
+            " project, user, cluster, gpu_type, priority_class, interactive, source_event_id),"
+            " version) FROM {db}.ledger_postings"
+            " WHERE kind = 'revision' AND job_id IN {ids:Array(String)}"
+            " GROUP BY entry_id, job_id",
+            {"ids": ids},
+        )
+        found = {}
+        for entry_id, job_id, t in rows:
+            found[entry_id] = LedgerEntry(
+                entry_id=entry_id,
+                job_id=job_id,
+                version=int(t[0]),
+                interval_start=int(t[1]),
+                interval_end=int(t[2]),
+                gpus=int(t[3]),
+                project=t[4],
+                user=t[5],
+                cluster=t[6],
+                gpu_type=t[7],
+                priority_class=t[8],
+                interactive=bool(t[9]),
+                source_event_id=t[10],
+            )
+        return found
+
+    def offsets(self, consumer: str, topic: str) -> dict[int, int]:
+        rows = self.db.rows(
+            "SELECT partition, next_offset FROM {db}.ingest_offsets FINAL"
+            " WHERE consumer = {c:String} AND topic = {t:String}",
+            {"c": consumer, "t": topic},
+        )
+        return {int(p): int(o) for p, o in rows}
+
+    def save_offsets(self, consumer: str, topic: str, next_offsets: Mapping[int, int]) -> None:
+        self.db.insert(
+            "ingest_offsets",
+            [(consumer, topic, p, o) for p, o in sorted(next_offsets.items())],
+            ("consumer", "topic", "partition", "next_offset"),
+        )
+
+    def reconcile(self) -> Reconciliation:
+        """Check the daily projection against the postings; rebuild it when they differ.
+
+        A materialized view is fed by inserts only: if the process died between a postings part
+        and its view part, only a rebuild from the postings restores the projection.
+        """
+        p_sum, p_count, p_distinct = self.db.rows(
+            "SELECT sum(gpu_seconds), count(), uniqExact(posting_id)"
+            " FROM {db}.ledger_postings WHERE kind != 'revision'"
+        )[0]
+        v_sum, v_count = self.db.rows("SELECT sum(gpu_seconds), sum(postings) FROM {db}.usage_daily")[0]
+        rebuilt = False
+        if (int(p_sum), int(p_count)) != (int(v_sum), int(v_count)):
+            self.rebuild_projections()
+            rebuilt = True
+        return Reconciliation(
+            int(p_sum), int(p_count), int(v_sum), int(v_count), int(p_count) - int(p_distinct), rebuilt
+        )
+
+    def rebuild_projections(self) -> None:
+        self.db.command("TRUNCATE TABLE {db}.usage_daily")
+        self.db.command(
+            "INSERT INTO {db}.usage_daily SELECT project, day, user, cluster, gpu_type,"
+            " priority_class, interactive, sum(gpu_seconds), count() FROM {db}.ledger_postings"
+            " WHERE kind != 'revision'"
+            " GROUP BY project, day, user, cluster, gpu_type, priority_class, interactive"
+        )
+
+    # -- read side ----------------------------------------------------------------------------
+    def total_gpu_seconds(self, project: str | None = None) -> int:
+        where, params = ("WHERE project = {p:String}", {"p": project}) if project else ("", {})
+        return int(self.db.rows(f"SELECT sum(gpu_seconds) FROM {{db}}.usage_daily {where}", params)[0][0])
+
+    def job_gpu_seconds(self) -> dict[str, int]:
+        rows = self.db.rows(
+            "SELECT job_id, sum(gpu_seconds) FROM {db}.ledger_postings"
+            " WHERE kind != 'revision' GROUP BY job_id"
+        )
+        return {j: int(s) for j, s in rows}
+
+    def usage_by_day(
+        self, project: str, first_day: dt.date, last_day: dt.date, group_by: str | None = None
+    ) -> list[tuple[dt.date, str, int]]:
+        """GPU-seconds per UTC day (and per `group_by` value) for days in [first_day, last_day]."""
+        if group_by is not None and group_by not in _USAGE_DIMENSIONS:
+            raise ValueError(f"cannot group usage by {group_by!r}")
+        key = group_by or "''"
+        rows = self.db.rows(
+            f"SELECT day, toString({key}) AS k, sum(gpu_seconds) AS s FROM {{db}}.usage_daily"
+            " WHERE project = {p:String} AND day >= {a:Date} AND day <= {b:Date}"
+            " GROUP BY day, k HAVING s != 0 ORDER BY day, k",
+            {"p": project, "a": first_day, "b": last_day},
+        )
+        return [(d, k, int(s)) for d, k, s in rows]
+
+    def projects(self) -> list[str]:
+        return [r[0] for r in self.db.rows("SELECT DISTINCT project FROM {db}.usage_daily ORDER BY 1")]
+
+    def project_days(self, project: str) -> tuple[dt.date, dt.date] | None:
+        rows = self.db.rows(
+            "SELECT min(day), max(day), count() FROM {db}.usage_daily WHERE project = {p:String}",
+            {"p": project},
+        )
+        first, last, n = rows[0]
+        return (first, last) if n else None

@@ -1,0 +1,1 @@
+"""Stream processing (faust-streaming): agents decode, call the domain, emit."""

@@ -1,0 +1,126 @@
+"""The metering worker: a faust app that turns job events into ledger entries.
+
+Run it with `allmende worker` (any number of processes; they share the partitions). Faust's
+guarantee is at least once, so nothing here relies on exactly-once: the per-job meter state is
+a faust table (changelogged, so it follows partitions across workers and restarts), every entry
+it emits has a deterministic id and version, and a redelivered event re-emits the entries it
+produced the first time, which the ledger writer then ignores as already posted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterable
+
+import faust
+import structlog
+from faust.types import EventT
+from prometheus_client import Counter
+
+from allmende.settings import Settings
+from domain.metering import JobMeter, MeteringRejected
+from domain.postings import newest_per_entry
+from schemas.dead_letter import DeadLetter
+from schemas.events import ContractError, JobEvent, parse_job_event
+from schemas.ledger import LedgerEntry
+
+log = structlog.get_logger(__name__)
+
+EVENTS_METERED = Counter("allmende_meter_events_total", "Job events metered")
+EVENTS_REFUSED = Counter("allmende_meter_dead_letters_total", "Job events sent to dead letter")
+
+# Events per batch and the longest a batch waits to fill: bounds both latency and memory.
+BATCH_MAX = 5_000
+BATCH_WITHIN_S = 0.2
+
+
+def _broker_url(bootstrap: str) -> str:
+    return ";".join(f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip())
+
+
+def create_app(settings: Settings) -> faust.App:
+    app = faust.App(
+        settings.meter_app_id,
+        broker=_broker_url(settings.kafka_bootstrap_servers),
+        store="memory://",
+        datadir=str(settings.meter_data_dir),
+        topic_partitions=settings.topic_partitions,
+        web_enabled=False,
+        producer_linger_ms=20,
+        broker_commit_every=BATCH_MAX,
+        stream_buffer_maxsize=4 * BATCH_MAX,
+        consumer_auto_offset_reset="earliest",
+        # A killed worker's partitions move to the others after this long, not faust's 60 s.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
+    )
+    job_events = app.topic(
+        settings.job_events_topic,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.topic_partitions,
+    )
+    ledger_entries = app.topic(
+        settings.ledger_entries_topic,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.topic_partitions,
+    )
+    dead_letters = app.topic(settings.dead_letter_topic, key_serializer="raw", value_serializer="raw")
+    # Batches mix partitions, so the changelog partition comes from the key (same murmur2
+    # partitioner as the producers of job events), not from the "current event".
+    meters = app.Table(
+        "meter-state",
+        default=None,
+        key_type=bytes,
+        value_type=bytes,  # bytes -> the "raw" codec, also when recovering
+        partitions=settings.topic_partitions,
+        use_partitioner=True,
+    )
+
+    async def refuse(event: EventT[bytes], reason: str) -> None:
+        EVENTS_REFUSED.inc()
+        message = event.message
+        log.warning("event_refused", reason=reason, partition=message.partition, offset=message.offset)
+        record = DeadLetter.of(
+            stage="meter",
+            reason=reason,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+        )
+        await dead_letters.send(value=record.to_json())
+
+    @app.agent(job_events)
+    async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
+        async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+            by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
+            for event in batch:
+                try:
+                    parsed = parse_job_event(event.message.value)
+                except ContractError as exc:
+                    await refuse(event, exc.reason)
+                    continue
+                key = event.message.key
+                if key is not None and key != parsed.job_id.encode():
+                    await refuse(event, f"key {key!r} is not the job id {parsed.job_id!r}")
+                    continue
+                by_job[parsed.job_id].append((event, parsed))
+            for job_id, items in by_job.items():
+                raw = meters.get(job_id.encode())
+                state = JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
+                emitted: list[LedgerEntry] = []
+                for event, parsed in items:
+                    try:
+                        emitted.extend(state.apply(parsed))
+                    except MeteringRejected as exc:
+                        await refuse(event, str(exc))
+                meters[job_id.encode()] = state.to_bytes()
+                key = job_id.encode()
+                for entry in newest_per_entry(emitted).values():
+                    await ledger_entries.send(key=key, value=entry.to_json())
+                EVENTS_METERED.inc(len(items))
+
+    return app

@@ -1,0 +1,86 @@
+"""Shared fixtures: a real Kafka broker and a real chDB ledger for the integration tests.
+
+The broker is chosen in this order: KAFKA_BOOTSTRAP_SERVERS if set; testcontainers' Kafka when
+a Docker daemon answers; otherwise a local KRaft broker started from the project's jars. Every
+test gets its own topic prefix, ClickHouse database and consumer groups, so tests share one
+broker and one chDB directory (chDB allows one per process) without seeing each other.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from allmende.settings import Settings
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+TRACES = SHARED / "data" / "traces"
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    if servers := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield servers
+        return
+    if _docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from allmende.kafka_local import LocalBroker, free_port
+
+    home = Path(tempfile.mkdtemp(prefix="allmende-kafka-"))
+    broker = LocalBroker(home, port=free_port(), controller_port=free_port())
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def chdb_dsn() -> str:
+    if dsn := os.environ.get("ALLMENDE_TEST_CLICKHOUSE_DSN"):
+        return dsn
+    return f"chdb://{tempfile.mkdtemp(prefix='allmende-chdb-')}"
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, chdb_dsn: str, tmp_path: Path) -> Settings:
+    tag = f"t{uuid.uuid4().hex[:10]}"
+    return Settings(
+        kafka_bootstrap_servers=kafka_bootstrap,
+        clickhouse_dsn=chdb_dsn,
+        clickhouse_database=tag,
+        topic_prefix=tag,
+        topic_partitions=4,
+        meter_app_id=f"{tag}-meter",
+        meter_data_dir=tmp_path / "faust",
+        writer_group=f"{tag}-writer",
+        writer_batch_wait_ms=100,
+        log_json=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def elasticflow_tarball() -> Path:
+    path = TRACES / "elasticflow" / "raw-traces.tar.gz"
+    if not path.exists():
+        pytest.skip(f"trace not found at {path}")
+    return path

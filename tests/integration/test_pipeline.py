@@ -1,0 +1,178 @@
+"""The pipeline end to end on a real broker and a real chDB ledger."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from allmende.replay import make_producer, publish, timeline
+from allmende.settings import Settings
+from domain.metering import JobMeter
+from domain.traces import TraceFormat, TraceJob, job_events, read_trace
+from schemas.dead_letter import DeadLetter
+from schemas.events import JobEvent, encode_event
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
+from tests.integration.harness import MeterWorker, read_topic, send_events, send_raw, wait_until
+
+pytestmark = pytest.mark.integration
+SAMPLE_EVERY_S = 600
+
+
+def _jobs(tarball: Path, cluster: str, limit: int | None = None) -> list[TraceJob]:
+    return list(read_trace(tarball, TraceFormat.ELASTICFLOW, cluster=cluster, limit=limit))
+
+
+def _expected_per_job(jobs: list[TraceJob]) -> dict[str, int]:
+    return {j.job_id: j.gpu_seconds for j in jobs if j.gpu_seconds}
+
+
+def _wait_ledger(store: LedgerStore, expected: dict[str, int], timeout: float = 180) -> dict[str, int]:
+    want = sum(expected.values())
+    wait_until(lambda: store.total_gpu_seconds() >= want, timeout, f"ledger to reach {want} GPU-s")
+    # Settle: a double count would keep growing past the target.
+    got = wait_until(lambda: (t := store.job_gpu_seconds()) and sum(t.values()) == want and t, 30, "settle")
+    return {k: v for k, v in got.items() if v}
+
+
+def _start_meter(settings: Settings, tmp_path: Path, meters: list[MeterWorker]) -> MeterWorker:
+    worker = MeterWorker(settings, tmp_path / "logs")
+    meters.append(worker)
+    worker.wait_ready()
+    return worker
+
+
+def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
+    settings: Settings,
+    store: LedgerStore,
+    writer: LedgerWriter,
+    meters: list[MeterWorker],
+    tmp_path: Path,
+    elasticflow_tarball: Path,
+) -> None:
+    jobs = _jobs(elasticflow_tarball, "cluster10")
+    _start_meter(settings, tmp_path, meters)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    publish(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S))
+    producer.close()
+
+    ledger = _wait_ledger(store, _expected_per_job(jobs))
+
+    assert sum(ledger.values()) == sum(j.gpu_seconds for j in jobs)
+    assert ledger == _expected_per_job(jobs)
+    assert store.reconcile().rebuilt is False  # the view kept pace with the postings
+
+
+def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
+    settings: Settings,
+    store: LedgerStore,
+    writer: LedgerWriter,
+    meters: list[MeterWorker],
+    tmp_path: Path,
+    elasticflow_tarball: Path,
+) -> None:
+    jobs = _jobs(elasticflow_tarball, "cluster10", limit=120)
+    events: list[JobEvent] = [e for j in jobs for e in job_events(j, SAMPLE_EVERY_S)] * 2
+    random.Random(7).shuffle(events)
+    _start_meter(settings, tmp_path, meters)
+    send_events(settings, events)
+
+    ledger = _wait_ledger(store, _expected_per_job(jobs))
+
+    assert ledger == _expected_per_job(jobs)
+    # Not only the totals: every entry is the one in-order delivery gives.
+    in_order = {}
+    for job in jobs:
+        meter = JobMeter(job.job_id)
+        for event in job_events(job, SAMPLE_EVERY_S):
+            meter.apply(event)
+        in_order.update({e.entry_id: e for e in meter.entries()})
+    assert store.current_entries([j.job_id for j in jobs]) == in_order
+
+
+def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
+    settings: Settings,
+    store: LedgerStore,
+    writer: LedgerWriter,
+    meters: list[MeterWorker],
+    tmp_path: Path,
+    elasticflow_tarball: Path,
+) -> None:
+    jobs = _jobs(elasticflow_tarball, "cluster01", limit=600)
+    expected = _expected_per_job(jobs)
+    first = _start_meter(settings, tmp_path, meters)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    replay = threading.Thread(
+        target=publish, args=(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S), 40_000.0)
+    )
+    replay.start()
+    # Kill once part, not all, of the ledger has been written.
+    wait_until(lambda: store.total_gpu_seconds() > sum(expected.values()) // 10, 120, "first postings")
+    first.kill(signal.SIGKILL)
+    assert store.total_gpu_seconds() < sum(expected.values())
+    _start_meter(settings, tmp_path, meters)
+    replay.join()
+    producer.close()
+
+    assert _wait_ledger(store, expected) == expected
+
+
+def test_two_meter_workers_give_the_same_ledger_as_one(
+    settings: Settings,
+    store: LedgerStore,
+    writer: LedgerWriter,
+    meters: list[MeterWorker],
+    tmp_path: Path,
+    elasticflow_tarball: Path,
+) -> None:
+    jobs = _jobs(elasticflow_tarball, "cluster10")
+    _start_meter(settings, tmp_path, meters)
+    _start_meter(settings, tmp_path, meters)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    publish(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S))
+    producer.close()
+
+    ledger = _wait_ledger(store, _expected_per_job(jobs))
+
+    assert ledger == _expected_per_job(jobs)
+    logs = " ".join(m.log_path.read_text() for m in meters)
+    assert logs.count("Worker ready") >= 2  # both took part
+
+
+def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
+    settings: Settings,
+    store: LedgerStore,
+    writer: LedgerWriter,
+    meters: list[MeterWorker],
+    tmp_path: Path,
+    elasticflow_tarball: Path,
+) -> None:
+    job = _jobs(elasticflow_tarball, "cluster10", limit=1)[0]
+    events = list(job_events(job, SAMPLE_EVERY_S))
+    contract_break = orjson.loads(encode_event(events[1]))
+    contract_break["gpus"] = -3
+    bad = [
+        (b"job-x", b"{not json"),
+        (job.job_id.encode(), orjson.dumps(contract_break)),
+        (b"someone-else", encode_event(events[0])),  # key is not the job id
+    ]
+    _start_meter(settings, tmp_path, meters)
+    send_raw(settings, bad[:2])
+    send_events(settings, events)
+    send_raw(settings, bad[2:])
+
+    assert _wait_ledger(store, {job.job_id: job.gpu_seconds}) == {job.job_id: job.gpu_seconds}
+    letters = [DeadLetter.model_validate_json(v) for v in read_topic(settings, settings.dead_letter_topic, 3)]
+    assert sorted(letter.original_value() for letter in letters) == sorted(v for _, v in bad)
+    reasons = {letter.original_value(): letter.reason for letter in letters}
+    assert "Invalid JSON" in reasons[b"{not json"]
+    assert "gpus" in reasons[orjson.dumps(contract_break)]
+    assert "not the job id" in reasons[encode_event(events[0])]
+    assert all(
+        letter.stage == "meter" and letter.source_topic == settings.job_events_topic for letter in letters
+    )

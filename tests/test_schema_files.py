@@ -1,0 +1,22 @@
+"""The checked-in JSON Schema files and DDL are what the code uses."""
+
+from __future__ import annotations
+
+from schemas.export import OUT, rendered
+
+
+def test_checked_in_json_schemas_match_the_event_models() -> None:
+    files = rendered()
+    on_disk = {p.name: p.read_text() for p in OUT.glob("*.json")}
+    assert set(on_disk) == set(files), "run `make schemas`"
+    drifted = [name for name, text in files.items() if on_disk[name] != text]
+    assert not drifted, f"stale JSON Schema files (run `make schemas`): {drifted}"
+
+
+def test_the_job_event_schema_names_every_event_type() -> None:
+    import json
+
+    schema = json.loads(rendered()["job-event.schema.json"])
+    assert set(schema["discriminator"]["mapping"]) == {
+        "JobSubmitted", "JobStarted", "JobUsageSample", "JobPreempted", "JobFinished",
+    }  # fmt: skip
