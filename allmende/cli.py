@@ -98,6 +98,27 @@ def serve(
 
 
 @app.command()
+def writer() -> None:
+    """Run a standalone ledger writer (ClickHouse server mode; embedded mode runs it in `serve`)."""
+    import signal
+    import threading
+
+    from allmende.clickhouse import Database
+    from allmende.kafka_topics import ensure_topics
+    from services.ledger_store import LedgerStore
+    from services.ledger_writer import LedgerWriter
+
+    s = _settings()
+    db = Database(s.clickhouse_dsn, s.clickhouse_database)
+    db.migrate()
+    ensure_topics(s)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+
+
+@app.command()
 def replay(
     path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="trace file")],
     format: Annotated[str, typer.Option("--format", "-f", help="elasticflow | philly | helios")],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,9 @@ class Settings(BaseSettings):
     writer_batch_wait_ms: int = Field(default=200, ge=1)
     writer_enabled: bool = True
     writer_group: str = "allmende-ledger-writer"
+    # "assign": one writer takes all partitions (embedded chDB). "group": writers share the
+    # partitions through a consumer group (ClickHouse server, scaled out).
+    writer_mode: Literal["assign", "group"] = "assign"
 
     # Metering worker (faust).
     meter_app_id: str = "allmende-meter"

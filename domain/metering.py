@@ -6,13 +6,17 @@ its predecessor to itself and depends on nothing else:
 
 - a usage sample charges its own `gpus_in_use` over that span (a meter reading covers the time
   since the previous reading);
-- a preemption, a finish or a second start charges the GPUs in force at the predecessor (the
-  last sample's, or the start's);
+- a preemption or a finish charges the GPUs in force at the predecessor (the last sample's, or
+  the start's);
+- a start charges nothing: it opens a run and closes none, so a zero-second run, a stray reading
+  between runs or a lost end never charges the gap before a restart;
 - any span that begins at a preemption or finish is idle: nothing runs between runs.
 
 Inserting a late boundary only moves predecessors later, never earlier, so an entry's content is
-a function of (its boundary, its predecessor, whether the job's JobSubmitted is known), and
-`version` encodes exactly those, growing whenever the content may change. The writer keeps the
+a function of (its boundary, its predecessor, whether the job's JobSubmitted is known), and its
+revision key (`version`, `pred_event_id`) orders exactly those, growing whenever the content may
+change (`version` holds the predecessor's time, rank and a 24-bit hash; the predecessor's event id
+settles the rare hash tie). The writer keeps the
 highest version of each entry: duplicates, reordering and redelivery converge to the ledger that
 in-order delivery gives.
 
@@ -158,12 +162,12 @@ class JobMeter:
         time, rank, _, event_id, gpus = boundary
         attributed = 1 if self.submitted else 0
         if index == 0:
-            start, charged, pred_key = time, 0, 0
+            start, charged, pred_key, pred_event_id = time, 0, 0, ""
         else:
             pred = self.boundaries[index - 1]
-            start = pred[0]
+            start, pred_event_id = pred[0], pred[3]
             pred_key = (pred[0] << 26) | (pred[1] << 24) | pred[2]
-            if pred[1] in _ENDS:
+            if pred[1] in _ENDS or rank == START:
                 charged = 0
             elif rank == SAMPLE:
                 charged = int(gpus)
@@ -174,6 +178,7 @@ class JobMeter:
             entry_id=entry_id_for(self.job_id, event_id),
             job_id=self.job_id,
             version=(pred_key << 1) | attributed,
+            pred_event_id=pred_event_id,
             interval_start=start,
             interval_end=time,
             gpus=charged,

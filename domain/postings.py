@@ -70,7 +70,7 @@ def newest_per_entry(entries: Iterable[LedgerEntry]) -> dict[str, LedgerEntry]:
     newest: dict[str, LedgerEntry] = {}
     for entry in entries:
         held = newest.get(entry.entry_id)
-        if held is None or entry.version > held.version:
+        if held is None or entry.revision_key() > held.revision_key():
             newest[entry.entry_id] = entry
     return newest
 
@@ -87,7 +87,7 @@ def post(
     accepted: dict[str, LedgerEntry] = {}
     for entry_id, entry in incoming.items():
         held = current.get(entry_id)
-        if held is not None and held.version >= entry.version:
+        if held is not None and held.revision_key() >= entry.revision_key():
             continue
         if held is not None:
             rows.extend(_usage_rows(held, PostingKind.REVERSAL))

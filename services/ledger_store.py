@@ -30,6 +30,7 @@ _POSTING_COLUMNS = (
     "priority_class",
     "interactive",
     "source_event_id",
+    "pred_event_id",
 )
 _EPOCH = dt.date(1970, 1, 1)
 _USAGE_DIMENSIONS = {"user", "cluster", "gpu_type", "priority_class"}
@@ -73,6 +74,7 @@ class LedgerStore:
                 e.priority_class,
                 e.interactive,
                 e.source_event_id,
+                e.pred_event_id,
             )
             for p in postings
             for e in (p.entry,)
@@ -80,14 +82,14 @@ class LedgerStore:
         self.db.insert("ledger_postings", rows, _POSTING_COLUMNS)
 
     def current_entries(self, job_ids: Iterable[str]) -> dict[str, LedgerEntry]:
-        """The highest accepted version of every entry of these jobs."""
+        """The latest accepted revision of every entry of these jobs."""
         ids = sorted(set(job_ids))
         if not ids:
             return {}
         rows = self.db.rows(
             "SELECT entry_id, job_id, argMax(tuple(version, interval_start, interval_end, gpus,"
-            " project, user, cluster, gpu_type, priority_class, interactive, source_event_id),"
-            " version) FROM {db}.ledger_postings"
+            " project, user, cluster, gpu_type, priority_class, interactive, source_event_id,"
+            " pred_event_id), tuple(version, pred_event_id)) FROM {db}.ledger_postings"
             " WHERE kind = 'revision' AND job_id IN {ids:Array(String)}"
             " GROUP BY entry_id, job_id",
             {"ids": ids},
@@ -108,6 +110,7 @@ class LedgerStore:
                 priority_class=t[8],
                 interactive=bool(t[9]),
                 source_event_id=t[10],
+                pred_event_id=t[11],
             )
         return found
 

@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from allmende.settings import Settings
 from domain.postings import newest_per_entry, post
 from schemas.dead_letter import DeadLetter
-from schemas.ledger import LedgerEntry
+from schemas.ledger import LedgerEntry, decode_entries
 from services.ledger_store import LedgerStore
 
 log = structlog.get_logger(__name__)
@@ -81,6 +81,16 @@ class _JobCache:
         self._jobs.clear()
 
 
+def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout: float = 60.0) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return [TopicPartition(topic, p) for p in sorted(found)]
+        time.sleep(0.5)
+    raise RuntimeError(f"topic {topic} has no partitions (not created?)")
+
+
 class LedgerWriter:
     def __init__(
         self,
@@ -98,6 +108,7 @@ class LedgerWriter:
         self.caught_up = threading.Event()
         self.batches = 0
         self.last_error: str | None = None
+        self._lag_checked_at = 0.0
 
     # -- one batch (pure of Kafka: testable and reused by replays) -----------------------------
     def post_batch(
@@ -110,7 +121,7 @@ class LedgerWriter:
         refused = 0
         for partition, offset, key, value in records:
             try:
-                entries.append(LedgerEntry.from_json(value))
+                entries.extend(decode_entries(value))
             except (ValueError, TypeError) as exc:
                 refused += 1
                 dead_letter(
@@ -137,7 +148,9 @@ class LedgerWriter:
 
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run_forever, name="ledger-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self.run_forever, args=(self._stop,), name="ledger-writer", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -145,14 +158,16 @@ class LedgerWriter:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _run_forever(self) -> None:
-        while not self._stop.is_set():
+    def run_forever(self, stop: threading.Event) -> None:
+        """`run`, restarted after failures (Kafka or ClickHouse away) until `stop` is set."""
+        while not stop.is_set():
             try:
-                self.run(self._stop)
+                self.run(stop)
+                self.last_error = None
             except Exception as exc:  # keep the ledger process alive; Kafka may come back
                 self.last_error = repr(exc)
                 log.exception("ledger_writer_failed", error=repr(exc))
-                self._stop.wait(2.0)
+                stop.wait(2.0)
 
     def run(self, stop: threading.Event) -> None:
         s = self.settings
@@ -186,7 +201,14 @@ class LedgerWriter:
         def dead_letter(record: DeadLetter) -> None:
             producer.send(s.dead_letter_topic, value=record.to_json())
 
-        consumer.subscribe([self.topic], listener=_Seek())
+        if s.writer_mode == "group":
+            consumer.subscribe([self.topic], listener=_Seek())
+        else:
+            # The only writer (always so with embedded chDB): take every partition, no group
+            # coordination, no rebalances, nothing that can stall on a missed heartbeat.
+            partitions = wait_for_partitions(consumer, self.topic)
+            consumer.assign(partitions)
+            _Seek().on_partitions_assigned(set(partitions))
         try:
             while not stop.is_set():
                 records = self._take(consumer, stop)
@@ -198,7 +220,8 @@ class LedgerWriter:
                         for partition, offset, _, _ in records:
                             next_offsets[partition] = max(next_offsets.get(partition, 0), offset + 1)
                         self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
-                    consumer.commit_async()
+                    if s.writer_mode == "group":
+                        consumer.commit_async()
                     self.batches += 1
                 self._update_lag(consumer)
         finally:
@@ -222,6 +245,11 @@ class LedgerWriter:
         return records
 
     def _update_lag(self, consumer: KafkaConsumer) -> None:
+        # end_offsets is a broker round trip: once a second is plenty for a gauge.
+        now = time.monotonic()
+        if now - self._lag_checked_at < 1.0:
+            return
+        self._lag_checked_at = now
         assigned = consumer.assignment()
         if not assigned:
             return

@@ -9,7 +9,7 @@ produced the first time, which the ledger writer then ignores as already posted.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterable
 
 import faust
@@ -22,7 +22,7 @@ from domain.metering import JobMeter, MeteringRejected
 from domain.postings import newest_per_entry
 from schemas.dead_letter import DeadLetter
 from schemas.events import ContractError, JobEvent, parse_job_event
-from schemas.ledger import LedgerEntry
+from schemas.ledger import LedgerEntry, encode_entries
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +32,32 @@ EVENTS_REFUSED = Counter("allmende_meter_dead_letters_total", "Job events sent t
 # Events per batch and the longest a batch waits to fill: bounds both latency and memory.
 BATCH_MAX = 5_000
 BATCH_WITHIN_S = 0.2
+
+
+class _DecodedMeters:
+    """Decoded JobMeter objects beside the table's bytes, to skip decoding on every batch.
+
+    A cached object is used only while the table still holds the very bytes object it was
+    encoded to (identity, not equality): after a recovery or rebalance the table's values are
+    new objects, so the cache can never serve state the table does not have.
+    """
+
+    def __init__(self, max_jobs: int = 50_000) -> None:
+        self._items: OrderedDict[str, tuple[bytes, JobMeter]] = OrderedDict()
+        self._max = max_jobs
+
+    def get(self, job_id: str, raw: bytes | None) -> JobMeter:
+        # Taken out while in use: if processing fails before `put`, the table decides next time.
+        held = self._items.pop(job_id, None)
+        if held is not None and raw is not None and held[0] is raw:
+            return held[1]
+        return JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
+
+    def put(self, job_id: str, raw: bytes, meter: JobMeter) -> None:
+        self._items[job_id] = (raw, meter)
+        self._items.move_to_end(job_id)
+        while len(self._items) > self._max:
+            self._items.popitem(last=False)
 
 
 def _broker_url(bootstrap: str) -> str:
@@ -47,7 +73,11 @@ def create_app(settings: Settings) -> faust.App:
         topic_partitions=settings.topic_partitions,
         web_enabled=False,
         producer_linger_ms=20,
-        broker_commit_every=BATCH_MAX,
+        producer_compression_type="lz4",
+        producer_max_batch_size=1024 * 1024,
+        # A commit flushes the producer and waits for every ack: do it per few batches, not per one.
+        broker_commit_every=10 * BATCH_MAX,
+        broker_commit_interval=3.0,
         stream_buffer_maxsize=4 * BATCH_MAX,
         consumer_auto_offset_reset="earliest",
         # A killed worker's partitions move to the others after this long, not faust's 60 s.
@@ -77,6 +107,8 @@ def create_app(settings: Settings) -> faust.App:
         partitions=settings.topic_partitions,
         use_partitioner=True,
     )
+
+    decoded = _DecodedMeters()
 
     async def refuse(event: EventT[bytes], reason: str) -> None:
         EVENTS_REFUSED.inc()
@@ -110,17 +142,27 @@ def create_app(settings: Settings) -> faust.App:
                 by_job[parsed.job_id].append((event, parsed))
             for job_id, items in by_job.items():
                 raw = meters.get(job_id.encode())
-                state = JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
+                state = decoded.get(job_id, raw)
                 emitted: list[LedgerEntry] = []
                 for event, parsed in items:
                     try:
                         emitted.extend(state.apply(parsed))
                     except MeteringRejected as exc:
                         await refuse(event, str(exc))
-                meters[job_id.encode()] = state.to_bytes()
+                raw = state.to_bytes()
+                meters[job_id.encode()] = raw
+                decoded.put(job_id, raw, state)
                 key = job_id.encode()
-                for entry in newest_per_entry(emitted).values():
-                    await ledger_entries.send(key=key, value=entry.to_json())
+                if emitted:
+                    # The producer's own send: faust flushes it before committing offsets.
+                    await app.producer.send(
+                        ledger_entries.get_topic_name(),
+                        key,
+                        encode_entries(list(newest_per_entry(emitted).values())),
+                        partition=None,
+                        timestamp=None,
+                        headers=None,
+                    )
                 EVENTS_METERED.inc(len(items))
 
     return app

@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS {db}.ledger_postings
     priority_class  LowCardinality(String),
     interactive     Bool,
     source_event_id String,
+    pred_event_id   String,
     written_at      DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = MergeTree

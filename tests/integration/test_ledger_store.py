@@ -12,6 +12,7 @@ from allmende.settings import Settings
 from domain.metering import JobMeter
 from schemas.dead_letter import DeadLetter
 from schemas.events import JobFinished, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
+from schemas.ledger import encode_entries
 from services.api.app import create_app
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
@@ -53,7 +54,7 @@ def _job_entries(job_id: str, project: str, gpus: int, hours: int, user: str = "
     meter.apply(
         JobFinished(event_id=f"{job_id}:f", occurred_at=T0 + hours * 3600, status="succeeded", **common)
     )
-    return [e.to_json() for e in meter.entries()]
+    return [encode_entries([e]) for e in meter.entries()]
 
 
 def _records(values: list[bytes]) -> list[tuple[int, int, bytes | None, bytes]]:

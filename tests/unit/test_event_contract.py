@@ -51,7 +51,7 @@ REJECTED = [
         ["JobExploded", "JobSubmitted", "JobFinished"],
     ),
     ("a missing envelope field is named", _started_json(occurred_at=_DROP), ["occurred_at", "required"]),
-    ("a missing type field is named", _started_json(gpus=_DROP), ["gpus", "required"]),
+    ("a missing field of the event type is named", _started_json(gpus=_DROP), ["gpus", "required"]),
     (
         "several missing fields are all named",
         orjson.dumps({"type": "JobStarted", "event_id": "e-1"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -27,25 +28,59 @@ def _is_utc_midnight(instant: int) -> bool:
 # -- day_pieces ---------------------------------------------------------------------------------
 
 DAY_PIECES = [
-    ("a span inside one day is a single piece",
-     MIDNIGHT + 10, MIDNIGHT + 100, [(D, MIDNIGHT + 10, MIDNIGHT + 100)]),
-    ("a span ending exactly at midnight stays in the day before",
-     MIDNIGHT - 100, MIDNIGHT, [(D - 1, MIDNIGHT - 100, MIDNIGHT)]),
-    ("a span starting exactly at midnight belongs to the new day",
-     MIDNIGHT, MIDNIGHT + 5, [(D, MIDNIGHT, MIDNIGHT + 5)]),
-    ("a span crossing one midnight is cut exactly there",
-     MIDNIGHT - 30, MIDNIGHT + 70, [(D - 1, MIDNIGHT - 30, MIDNIGHT), (D, MIDNIGHT, MIDNIGHT + 70)]),
-    ("a one-second span just before midnight is one piece",
-     MIDNIGHT - 1, MIDNIGHT, [(D - 1, MIDNIGHT - 1, MIDNIGHT)]),
-    ("a span covering a whole day between two partial days is three pieces",
-     MIDNIGHT - 1, MIDNIGHT + DAY + 1,
-     [(D - 1, MIDNIGHT - 1, MIDNIGHT), (D, MIDNIGHT, MIDNIGHT + DAY), (D + 1, MIDNIGHT + DAY, MIDNIGHT + DAY + 1)]),
-    ("a span of exactly one calendar day is one piece", MIDNIGHT, MIDNIGHT + DAY, [(D, MIDNIGHT, MIDNIGHT + DAY)]),
+    (
+        "a span inside one day is a single piece",
+        MIDNIGHT + 10,
+        MIDNIGHT + 100,
+        [(D, MIDNIGHT + 10, MIDNIGHT + 100)],
+    ),
+    (
+        "a span ending exactly at midnight stays in the day before",
+        MIDNIGHT - 100,
+        MIDNIGHT,
+        [(D - 1, MIDNIGHT - 100, MIDNIGHT)],
+    ),
+    (
+        "a span starting exactly at midnight belongs to the new day",
+        MIDNIGHT,
+        MIDNIGHT + 5,
+        [(D, MIDNIGHT, MIDNIGHT + 5)],
+    ),
+    (
+        "a span crossing one midnight is cut exactly there",
+        MIDNIGHT - 30,
+        MIDNIGHT + 70,
+        [(D - 1, MIDNIGHT - 30, MIDNIGHT), (D, MIDNIGHT, MIDNIGHT + 70)],
+    ),
+    (
+        "a one-second span just before midnight is one piece",
+        MIDNIGHT - 1,
+        MIDNIGHT,
+        [(D - 1, MIDNIGHT - 1, MIDNIGHT)],
+    ),
+    (
+        "a span covering a whole day between two partial days is three pieces",
+        MIDNIGHT - 1,
+        MIDNIGHT + DAY + 1,
+        [
+            (D - 1, MIDNIGHT - 1, MIDNIGHT),
+            (D, MIDNIGHT, MIDNIGHT + DAY),
+            (D + 1, MIDNIGHT + DAY, MIDNIGHT + DAY + 1),
+        ],
+    ),
+    (
+        "a span of exactly one calendar day is one piece",
+        MIDNIGHT,
+        MIDNIGHT + DAY,
+        [(D, MIDNIGHT, MIDNIGHT + DAY)],
+    ),
     ("an empty span has no pieces", MIDNIGHT + 42, MIDNIGHT + 42, []),
 ]
 
 
-@pytest.mark.parametrize(("start", "end", "expected"), [c[1:] for c in DAY_PIECES], ids=[c[0] for c in DAY_PIECES])
+@pytest.mark.parametrize(
+    ("start", "end", "expected"), [c[1:] for c in DAY_PIECES], ids=[c[0] for c in DAY_PIECES]
+)
 def test_day_pieces_split_at_utc_midnight(start: int, end: int, expected: list[tuple[int, int, int]]) -> None:
     assert day_pieces(start, end) == expected
 
@@ -63,13 +98,14 @@ def test_day_pieces_tile_the_span_and_only_cut_at_midnights(start: int, length: 
     assert sum(hi - lo for _, lo, hi in pieces) == length
     if length:
         assert pieces[0][1] == start and pieces[-1][2] == end
-    for (_, _, hi), (_, lo, _) in zip(pieces, pieces[1:], strict=False):
+    for (_, _, hi), (_, lo, _) in pairwise(pieces):
         assert hi == lo and _is_utc_midnight(hi)
     for day, lo, hi in pieces:
         assert lo < hi
         assert datetime.fromtimestamp(lo, UTC).date() == datetime.fromtimestamp(hi - 1, UTC).date()
         assert day == (datetime.fromtimestamp(lo, UTC).date() - datetime(1970, 1, 1).date()).days
-    assert [day for day, *_ in pieces] == list(range(pieces[0][0], pieces[0][0] + len(pieces))) if pieces else True
+    days = [day for day, *_ in pieces]
+    assert days == list(range(days[0], days[0] + len(days))) if days else length == 0
 
 
 # -- post ---------------------------------------------------------------------------------------
@@ -91,7 +127,12 @@ def test_a_new_entry_posts_a_revision_row_and_one_usage_row_per_day() -> None:
     assert revision.gpu_seconds == 0 and revision.entry == new
     assert (before.day, before.piece_start, before.piece_end, before.gpu_seconds) == (
         D - 1, MIDNIGHT - 600, MIDNIGHT, 4 * 600)  # fmt: skip
-    assert (after.day, after.piece_start, after.piece_end, after.gpu_seconds) == (D, MIDNIGHT, MIDNIGHT + 300, 4 * 300)
+    assert (after.day, after.piece_start, after.piece_end, after.gpu_seconds) == (
+        D,
+        MIDNIGHT,
+        MIDNIGHT + 300,
+        4 * 300,
+    )
     assert all(row.entry == new for row in rows)
     assert _signed_sum(rows) == 4 * 900
     assert accepted == {new.entry_id: new}
@@ -209,7 +250,9 @@ NEWEST = [
 
 
 @pytest.mark.parametrize(("versions", "expected"), [c[1:] for c in NEWEST], ids=[c[0] for c in NEWEST])
-def test_newest_per_entry_keeps_the_highest_version(versions: list[tuple[str, int]], expected: dict[str, int]) -> None:
+def test_newest_per_entry_keeps_the_highest_version(
+    versions: list[tuple[str, int]], expected: dict[str, int]
+) -> None:
     batch = [entry(entry_id=i, version=v, start=MIDNIGHT, end=MIDNIGHT + v, gpus=1) for i, v in versions]
     newest = newest_per_entry(batch)
     assert {i: e.version for i, e in newest.items()} == expected

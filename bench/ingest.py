@@ -1,0 +1,130 @@
+"""End-to-end ingest benchmark: job events on Kafka -> ledger rows visible in ClickHouse.
+
+It fills a fresh job-events topic with a replayed ElasticFlow cluster, then starts the ledger
+writer (this process, embedded chDB) and one meter worker process, and times from the worker's
+"ready" to the moment the ledger holds every GPU-second of the trace. In the same run it times a
+plain kafka-python consumer reading the same topic end to end: the raw rate the pipeline is
+compared with.
+
+    .venv/bin/python bench/ingest.py [--cluster cluster02] [--sample-every 600]
+
+Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts a local broker in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kafka import KafkaConsumer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from allmende.clickhouse import Database  # noqa: E402
+from allmende.kafka_topics import ensure_topics  # noqa: E402
+from allmende.replay import make_producer, publish, timeline  # noqa: E402
+from allmende.settings import Settings  # noqa: E402
+from domain.traces import TraceFormat, read_trace  # noqa: E402
+from services.ledger_store import LedgerStore  # noqa: E402
+from services.ledger_writer import LedgerWriter  # noqa: E402
+from tests.integration.harness import MeterWorker, wait_until  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
+
+
+def raw_consume_rate(settings: Settings, topic: str, expected: int) -> tuple[int, float]:
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        enable_auto_commit=False,
+        max_poll_records=20_000,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    t0 = time.perf_counter()
+    seen = 0
+    while seen < expected:
+        for records in consumer.poll(timeout_ms=500).values():
+            seen += len(records)
+    elapsed = time.perf_counter() - t0
+    consumer.close()
+    return seen, elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cluster", default="cluster02")
+    parser.add_argument("--sample-every", type=int, default=600)
+    parser.add_argument("--partitions", type=int, default=6)
+    args = parser.parse_args()
+
+    import os
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        from allmende.kafka_local import LocalBroker, free_port
+
+        broker = LocalBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-")), free_port(), free_port())
+        bootstrap = broker.start()
+    tag = f"bench{uuid.uuid4().hex[:8]}"
+    work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    settings = Settings(
+        kafka_bootstrap_servers=bootstrap, clickhouse_dsn=f"chdb://{work / 'chdb'}", clickhouse_database=tag,
+        topic_prefix=tag, topic_partitions=args.partitions, meter_app_id=f"{tag}-meter",
+        meter_data_dir=work / "faust", writer_group=f"{tag}-writer", log_json=False, log_level="WARNING",
+    )  # fmt: skip
+    try:
+        jobs = list(read_trace(TRACE, TraceFormat.ELASTICFLOW, cluster=args.cluster))
+        expected_gpu_seconds = sum(j.gpu_seconds for j in jobs)
+        ensure_topics(settings)
+        producer = make_producer(bootstrap)
+        t0 = time.perf_counter()
+        events = publish(producer, settings.job_events_topic, timeline(jobs, args.sample_every))
+        producer.close()
+        produce_s = time.perf_counter() - t0
+        print(f"trace: {args.cluster}, {len(jobs):,} jobs, {events:,} events, {expected_gpu_seconds:,} GPU-s")
+        print(f"produce: {events / produce_s:,.0f} events/s")
+
+        seen, raw_s = raw_consume_rate(settings, settings.job_events_topic, events)
+        raw_rate = seen / raw_s
+
+        db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
+        db.migrate()
+        store = LedgerStore(db)
+        writer = LedgerWriter(settings, store)
+        writer.start()
+        worker = MeterWorker(settings, work / "logs")
+        try:
+            worker.wait_ready(120)
+            t0 = time.perf_counter()
+            wait_until(lambda: store.total_gpu_seconds() == expected_gpu_seconds, 1800, "ledger", every=0.05)
+            e2e_s = time.perf_counter() - t0
+        finally:
+            worker.kill()
+            writer.stop()
+        e2e_rate = events / e2e_s
+        postings = db.rows("SELECT count() FROM {db}.ledger_postings")[0][0]
+        print(f"raw consumer (kafka-python, same topic): {raw_rate:,.0f} events/s ({raw_s:.2f} s)")
+        print(
+            "end to end (Kafka -> meter -> writer -> chDB rows visible): "
+            f"{e2e_rate:,.0f} events/s ({e2e_s:.2f} s)"
+        )
+        print(f"ledger postings written: {postings:,}; ledger total == trace total: True")
+        print(f"ratio end-to-end / raw: {e2e_rate / raw_rate:.1%}")
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
