@@ -14,6 +14,7 @@ Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts a local broker in a temporary d
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +98,13 @@ def main() -> None:
 
         seen, raw_s = raw_consume_rate(settings, settings.job_events_topic, events)
         raw_rate = seen / raw_s
+        ceiling = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "faust_ceiling.py"), bootstrap, settings.job_events_topic,
+             str(events)],
+            capture_output=True, text=True, timeout=900, cwd=ROOT,
+        )  # fmt: skip
+        said = ceiling.stdout + ceiling.stderr
+        faust_rate = float(said.split("RATE ", 1)[1].split()[0]) if "RATE " in said else 0.0
 
         db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
         db.migrate()
@@ -120,7 +128,10 @@ def main() -> None:
             f"{e2e_rate:,.0f} events/s ({e2e_s:.2f} s)"
         )
         print(f"ledger postings written: {postings:,}; ledger total == trace total: True")
-        print(f"ratio end-to-end / raw: {e2e_rate / raw_rate:.1%}")
+        print(f"faust agent that only counts (the framework's ceiling): {faust_rate:,.0f} events/s")
+        print(f"ratio end-to-end / raw consumer: {e2e_rate / raw_rate:.1%}")
+        if faust_rate:
+            print(f"ratio end-to-end / counting faust agent: {e2e_rate / faust_rate:.1%}")
     finally:
         if broker is not None:
             broker.stop()

@@ -10,7 +10,7 @@ from allmende.kafka_topics import ensure_topics
 from allmende.settings import Settings
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
-from tests.integration.harness import MeterWorker
+from tests.integration.harness import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +32,11 @@ def writer(settings: Settings, store: LedgerStore) -> Iterator[LedgerWriter]:
 
 
 @pytest.fixture
-def meters(settings: Settings, tmp_path: Path) -> Iterator[list[MeterWorker]]:
-    """Start meter workers with `meters.append(MeterWorker(...))`; all are stopped at the end."""
-    started: list[MeterWorker] = []
-    yield started
-    for worker in started:
+def pipeline(
+    settings: Settings, store: LedgerStore, writer: LedgerWriter, tmp_path: Path
+) -> Iterator[Pipeline]:
+    """A ledger writer running; start meter workers with `pipeline.start_meter()`."""
+    running = Pipeline(settings, store, writer, tmp_path / "logs")
+    yield running
+    for worker in running.meters:
         worker.kill()

@@ -15,6 +15,8 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from allmende.settings import Settings
 from schemas.events import JobEvent, encode_event
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +70,23 @@ class MeterWorker:
 
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
+
+
+class Pipeline:
+    """The running pipeline of one test: its settings, ledger, writer and meter workers."""
+
+    def __init__(self, settings: Settings, store: LedgerStore, writer: LedgerWriter, logs: Path) -> None:
+        self.settings = settings
+        self.store = store
+        self.writer = writer
+        self.logs = logs
+        self.meters: list[MeterWorker] = []
+
+    def start_meter(self) -> MeterWorker:
+        worker = MeterWorker(self.settings, self.logs)
+        self.meters.append(worker)
+        worker.wait_ready()
+        return worker
 
 
 def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.25) -> T:

@@ -11,14 +11,12 @@ import orjson
 import pytest
 
 from allmende.replay import make_producer, publish, timeline
-from allmende.settings import Settings
 from domain.metering import JobMeter
 from domain.traces import TraceFormat, TraceJob, job_events, read_trace
 from schemas.dead_letter import DeadLetter
 from schemas.events import JobEvent, encode_event
 from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
-from tests.integration.harness import MeterWorker, read_topic, send_events, send_raw, wait_until
+from tests.integration.harness import Pipeline, read_topic, send_events, send_raw, wait_until
 
 pytestmark = pytest.mark.integration
 SAMPLE_EVERY_S = 600
@@ -40,23 +38,12 @@ def _wait_ledger(store: LedgerStore, expected: dict[str, int], timeout: float = 
     return {k: v for k, v in got.items() if v}
 
 
-def _start_meter(settings: Settings, tmp_path: Path, meters: list[MeterWorker]) -> MeterWorker:
-    worker = MeterWorker(settings, tmp_path / "logs")
-    meters.append(worker)
-    worker.wait_ready()
-    return worker
-
-
 def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
-    settings: Settings,
-    store: LedgerStore,
-    writer: LedgerWriter,
-    meters: list[MeterWorker],
-    tmp_path: Path,
-    elasticflow_tarball: Path,
+    pipeline: Pipeline, elasticflow_tarball: Path
 ) -> None:
+    settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10")
-    _start_meter(settings, tmp_path, meters)
+    pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
     publish(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S))
     producer.close()
@@ -69,17 +56,13 @@ def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
 
 
 def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
-    settings: Settings,
-    store: LedgerStore,
-    writer: LedgerWriter,
-    meters: list[MeterWorker],
-    tmp_path: Path,
-    elasticflow_tarball: Path,
+    pipeline: Pipeline, elasticflow_tarball: Path
 ) -> None:
+    settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10", limit=120)
     events: list[JobEvent] = [e for j in jobs for e in job_events(j, SAMPLE_EVERY_S)] * 2
     random.Random(7).shuffle(events)
-    _start_meter(settings, tmp_path, meters)
+    pipeline.start_meter()
     send_events(settings, events)
 
     ledger = _wait_ledger(store, _expected_per_job(jobs))
@@ -96,16 +79,12 @@ def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
 
 
 def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
-    settings: Settings,
-    store: LedgerStore,
-    writer: LedgerWriter,
-    meters: list[MeterWorker],
-    tmp_path: Path,
-    elasticflow_tarball: Path,
+    pipeline: Pipeline, elasticflow_tarball: Path
 ) -> None:
+    settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster01", limit=600)
     expected = _expected_per_job(jobs)
-    first = _start_meter(settings, tmp_path, meters)
+    first = pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
     replay = threading.Thread(
         target=publish, args=(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S), 40_000.0)
@@ -115,24 +94,18 @@ def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
     wait_until(lambda: store.total_gpu_seconds() > sum(expected.values()) // 10, 120, "first postings")
     first.kill(signal.SIGKILL)
     assert store.total_gpu_seconds() < sum(expected.values())
-    _start_meter(settings, tmp_path, meters)
+    pipeline.start_meter()
     replay.join()
     producer.close()
 
     assert _wait_ledger(store, expected) == expected
 
 
-def test_two_meter_workers_give_the_same_ledger_as_one(
-    settings: Settings,
-    store: LedgerStore,
-    writer: LedgerWriter,
-    meters: list[MeterWorker],
-    tmp_path: Path,
-    elasticflow_tarball: Path,
-) -> None:
+def test_two_meter_workers_give_the_same_ledger_as_one(pipeline: Pipeline, elasticflow_tarball: Path) -> None:
+    settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10")
-    _start_meter(settings, tmp_path, meters)
-    _start_meter(settings, tmp_path, meters)
+    pipeline.start_meter()
+    pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
     publish(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S))
     producer.close()
@@ -140,18 +113,14 @@ def test_two_meter_workers_give_the_same_ledger_as_one(
     ledger = _wait_ledger(store, _expected_per_job(jobs))
 
     assert ledger == _expected_per_job(jobs)
-    logs = " ".join(m.log_path.read_text() for m in meters)
+    logs = " ".join(m.log_path.read_text() for m in pipeline.meters)
     assert logs.count("Worker ready") >= 2  # both took part
 
 
 def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
-    settings: Settings,
-    store: LedgerStore,
-    writer: LedgerWriter,
-    meters: list[MeterWorker],
-    tmp_path: Path,
-    elasticflow_tarball: Path,
+    pipeline: Pipeline, elasticflow_tarball: Path
 ) -> None:
+    settings, store = pipeline.settings, pipeline.store
     job = _jobs(elasticflow_tarball, "cluster10", limit=1)[0]
     events = list(job_events(job, SAMPLE_EVERY_S))
     contract_break = orjson.loads(encode_event(events[1]))
@@ -161,7 +130,7 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
         (job.job_id.encode(), orjson.dumps(contract_break)),
         (b"someone-else", encode_event(events[0])),  # key is not the job id
     ]
-    _start_meter(settings, tmp_path, meters)
+    pipeline.start_meter()
     send_raw(settings, bad[:2])
     send_events(settings, events)
     send_raw(settings, bad[2:])
