@@ -16,9 +16,8 @@ Inserting a late boundary only moves predecessors later, never earlier, so an en
 a function of (its boundary, its predecessor, whether the job's JobSubmitted is known), and its
 revision key (`version`, `pred_event_id`) orders exactly those, growing whenever the content may
 change (`version` holds the predecessor's time, rank and a 24-bit hash; the predecessor's event id
-settles the rare hash tie). The writer keeps the
-highest version of each entry: duplicates, reordering and redelivery converge to the ledger that
-in-order delivery gives.
+settles the rare hash tie). The writer keeps the largest revision of each entry: duplicates,
+reordering and redelivery converge to the ledger that in-order delivery gives.
 
 A JobPreempted or JobFinished that carries `started_at` adds the run's start as a boundary of its
 own, so a lost JobStarted costs nothing.

@@ -5,8 +5,9 @@ job's burst of samples costs one message, not one each.
 
 An entry is the GPU time of one job between two consecutive boundaries (start, usage sample,
 preemption, finish). Its id is fixed by the boundary that closes it; as late events arrive the
-meter may re-emit the same entry with a higher `version`. The writer keeps the highest version
-and posts the difference, so redelivery and reordering never count anything twice.
+meter may re-emit the same entry with a larger revision key (`version`, `pred_event_id`). The
+writer keeps the largest and posts the difference, so redelivery and reordering never count
+anything twice.
 """
 
 from __future__ import annotations

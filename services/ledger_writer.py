@@ -186,29 +186,24 @@ class LedgerWriter:
         producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, linger_ms=20)
         writer = self
 
-        class _Seek(ConsumerRebalanceListener):  # type: ignore[misc]
+        class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
                 writer._cache.clear()  # another writer may post these jobs now
 
             def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-                stored = writer.store.offsets(writer.consumer_name, writer.topic)
-                for tp in assigned:
-                    if tp.partition in stored:
-                        consumer.seek(tp, stored[tp.partition])
-                    else:
-                        consumer.seek_to_beginning(tp)
+                writer._seek_to_stored(consumer, assigned)
 
         def dead_letter(record: DeadLetter) -> None:
             producer.send(s.dead_letter_topic, value=record.to_json())
 
         if s.writer_mode == "group":
-            consumer.subscribe([self.topic], listener=_Seek())
+            consumer.subscribe([self.topic], listener=_Rebalance())
         else:
             # The only writer (always so with embedded chDB): take every partition, no group
             # coordination, no rebalances, nothing that can stall on a missed heartbeat.
             partitions = wait_for_partitions(consumer, self.topic)
             consumer.assign(partitions)
-            _Seek().on_partitions_assigned(set(partitions))
+            self._seek_to_stored(consumer, partitions)
         try:
             while not stop.is_set():
                 records = self._take(consumer, stop)
@@ -227,6 +222,15 @@ class LedgerWriter:
         finally:
             consumer.close(autocommit=False)
             producer.close(timeout=5)
+
+    def _seek_to_stored(self, consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
+        """Resume from the offsets saved beside the ledger, not from Kafka's committed ones."""
+        stored = self.store.offsets(self.consumer_name, self.topic)
+        for tp in partitions:
+            if tp.partition in stored:
+                consumer.seek(tp, stored[tp.partition])
+            else:
+                consumer.seek_to_beginning(tp)
 
     def _take(
         self, consumer: KafkaConsumer, stop: threading.Event

@@ -13,8 +13,9 @@ from typing import TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer
 
+from allmende.replay import make_producer, publish
 from allmende.settings import Settings
-from schemas.events import JobEvent, encode_event
+from schemas.events import JobEvent
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
@@ -101,14 +102,11 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, every: float =
 
 
 def send_events(settings: Settings, events: Iterable[JobEvent]) -> int:
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, linger_ms=5, acks="all")
-    n = 0
-    for event in events:
-        producer.send(settings.job_events_topic, key=event.job_id.encode(), value=encode_event(event))
-        n += 1
-    producer.flush()
-    producer.close()
-    return n
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    try:
+        return publish(producer, settings.job_events_topic, events)
+    finally:
+        producer.close()
 
 
 def send_raw(settings: Settings, items: Iterable[tuple[bytes | None, bytes]]) -> None:
