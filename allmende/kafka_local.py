@@ -59,6 +59,15 @@ def ensure_jars() -> Path:
     return JAR_DIR
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url. Like Kafka's own Uuid, never with a
+    leading '-', which command-line parsers would take for an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -155,12 +164,15 @@ class LocalBroker:
             raise BrokerError(f"port {self.port} is taken by another process")
         config = self._config()
         if not (self.home / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
-                check=True,
+            formatted = subprocess.run(
+                self._java(
+                    "kafka.tools.StorageTool", "format", f"--cluster-id={new_cluster_id()}", "-c", str(config)
+                ),
                 capture_output=True,
+                text=True,
             )
+            if formatted.returncode != 0:
+                raise BrokerError(f"formatting Kafka storage failed: {formatted.stderr or formatted.stdout}")
         with self.log_file.open("ab") as out:
             proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(config)),
