@@ -28,6 +28,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # The source of truth: every projection is rebuilt from these, so they are never expired.
         TopicSpec(settings.job_events_topic, settings.topic_partitions, keep_forever),
         TopicSpec(settings.ledger_entries_topic, settings.topic_partitions, keep_forever),
+        # One partition: the admin log is one total order, the audit trail.
+        TopicSpec(settings.admin_events_topic, 1, keep_forever),
         TopicSpec(settings.dead_letter_topic, 1, keep_forever),
     ]
 

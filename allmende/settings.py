@@ -43,6 +43,15 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
 
+    # Who may do what: admin tokens (comma-separated) may change budgets; `user:token` pairs are
+    # project leads, who may read the balances of the projects (and groups) they lead.
+    admin_tokens: str = ""
+    lead_tokens: str = ""
+    # A command-line client's own token (`allmende budget ...`).
+    token: str = ""
+    # How often the API looks for allocations whose period has ended (expiry, rollover).
+    expiry_check_s: float = Field(default=60.0, gt=0)
+
     log_level: str = "INFO"
     log_json: bool = True
 
@@ -60,6 +69,10 @@ class Settings(BaseSettings):
     @property
     def ledger_entries_topic(self) -> str:
         return self.topic("ledger-entries")
+
+    @property
+    def admin_events_topic(self) -> str:
+        return self.topic("admin-events")
 
     @property
     def dead_letter_topic(self) -> str:

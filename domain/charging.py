@@ -21,6 +21,7 @@ from types import MappingProxyType
 RATE_SCALE = 100  # a Rate of 100 is a factor of 1.00
 CHARGE_UNITS_PER_GPU_SECOND = RATE_SCALE**3  # three factors, each scaled by RATE_SCALE
 MAX_RATE = 100 * RATE_SCALE  # no factor above 100x: a typo must not drain a budget
+PRIORITY_CLASSES = ("preemptible", "standard", "non-preemptible")
 
 
 class PolicyInvalid(ValueError):
@@ -67,6 +68,17 @@ class ChargePolicy:
                 f"policy {self.policy_id} has no multiplier for priority class {priority_class!r}"
             )
         return weight * multiplier * (self.interactive_rate if interactive else RATE_SCALE)
+
+
+def flat_policy(policy_id: str = "flat", effective_from: int = 0) -> ChargePolicy:
+    """Every factor 1.00: what GPU time costs before any policy is declared (a GPU-hour is a GPU-hour)."""
+    return ChargePolicy(
+        policy_id=policy_id,
+        effective_from=effective_from,
+        gpu_type_weights={},
+        priority_multipliers=dict.fromkeys(PRIORITY_CLASSES, RATE_SCALE),
+        default_gpu_type_weight=RATE_SCALE,
+    )
 
 
 @dataclass(frozen=True, slots=True)

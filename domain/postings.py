@@ -5,6 +5,11 @@ The ledger table is append-only. For each entry it holds one `revision` row per 
 that daily totals are exact. When a higher version replaces a lower one, the lower one's usage
 rows are reversed (`reversal`, negative amounts) in the same batch. Summing amounts over any
 grouping therefore counts each GPU-second once.
+
+Every usage row also carries its charge: the GPU-seconds priced by the policy in force (usage rows
+are cut at policy changes as well as at midnights, so one row has one rate). A reversal is the
+exact negative of the rows it reverses: it is priced by the same timeline, and the timeline never
+changes behind charged usage (policies only take effect where nothing is charged yet).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
-from schemas.ledger import LedgerEntry
+from domain.charging import PolicyTimeline, flat_policy
+from schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 SECONDS_PER_DAY = 86_400
 
@@ -33,6 +39,9 @@ class Posting:
     piece_start: int
     piece_end: int
     gpu_seconds: int  # signed
+    rate: int = 0  # charge units per GPU-second under `policy_id`
+    charge_units: int = 0  # signed, = gpu_seconds * rate
+    policy_id: str = ""
 
 
 def day_pieces(start: int, end: int) -> list[tuple[int, int, int]]:
@@ -47,22 +56,33 @@ def day_pieces(start: int, end: int) -> list[tuple[int, int, int]]:
     return pieces
 
 
-def _usage_rows(entry: LedgerEntry, kind: PostingKind) -> list[Posting]:
+_FLAT = PolicyTimeline([flat_policy()])
+
+
+def _usage_rows(entry: LedgerEntry, kind: PostingKind, timeline: PolicyTimeline) -> list[Posting]:
     if entry.gpus == 0:
         return []
     sign = -1 if kind is PostingKind.REVERSAL else 1
-    return [
-        Posting(
-            posting_id=f"{entry.entry_id}:{entry.version}:{kind.name.lower()}:{day}",
-            kind=kind,
-            entry=entry,
-            day=day,
-            piece_start=lo,
-            piece_end=hi,
-            gpu_seconds=sign * entry.gpus * (hi - lo),
-        )
-        for day, lo, hi in day_pieces(entry.interval_start, entry.interval_end)
-    ]
+    # Until its JobSubmitted is known an entry has no class; it is re-posted attributed later.
+    priority_class = entry.priority_class if entry.priority_class != UNATTRIBUTED else "standard"
+    rows = []
+    for day, lo, hi in day_pieces(entry.interval_start, entry.interval_end):
+        for span in timeline.charge(lo, hi, entry.gpus, entry.gpu_type, priority_class, entry.interactive):
+            rows.append(
+                Posting(
+                    posting_id=f"{entry.entry_id}:{entry.version}:{kind.name.lower()}:{span.start}",
+                    kind=kind,
+                    entry=entry,
+                    day=day,
+                    piece_start=span.start,
+                    piece_end=span.end,
+                    gpu_seconds=sign * span.gpu_seconds,
+                    rate=span.charge_units // span.gpu_seconds if span.gpu_seconds else 0,
+                    charge_units=sign * span.charge_units,
+                    policy_id=span.policy_id,
+                )
+            )
+    return rows
 
 
 def newest_per_entry(entries: Iterable[LedgerEntry]) -> dict[str, LedgerEntry]:
@@ -76,7 +96,9 @@ def newest_per_entry(entries: Iterable[LedgerEntry]) -> dict[str, LedgerEntry]:
 
 
 def post(
-    incoming: Mapping[str, LedgerEntry], current: Mapping[str, LedgerEntry]
+    incoming: Mapping[str, LedgerEntry],
+    current: Mapping[str, LedgerEntry],
+    timeline: PolicyTimeline = _FLAT,
 ) -> tuple[list[Posting], dict[str, LedgerEntry]]:
     """Rows to append for `incoming` given the `current` version of each entry.
 
@@ -90,7 +112,7 @@ def post(
         if held is not None and held.revision_key() >= entry.revision_key():
             continue
         if held is not None:
-            rows.extend(_usage_rows(held, PostingKind.REVERSAL))
+            rows.extend(_usage_rows(held, PostingKind.REVERSAL, timeline))
         rows.append(
             Posting(
                 posting_id=f"{entry.entry_id}:{entry.version}:revision",
@@ -102,6 +124,6 @@ def post(
                 gpu_seconds=0,
             )
         )
-        rows.extend(_usage_rows(entry, PostingKind.USAGE))
+        rows.extend(_usage_rows(entry, PostingKind.USAGE, timeline))
         accepted[entry_id] = entry
     return rows, accepted

@@ -119,10 +119,14 @@ def parse_job_event(raw: bytes) -> JobEvent:
     try:
         return _job_event_adapter.validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        raise ContractError(f"contract violation: {problems}") from None
+        raise ContractError(f"contract violation: {validation_problems(exc)}") from None
+
+
+def validation_problems(exc: ValidationError, limit: int = 5) -> str:
+    """The first few problems of a validation error, as `field.path: message; ...`."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:limit]
+    )
 
 
 def encode_event(event: BaseModel) -> bytes:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from allmende.clickhouse import Database
+from domain.balances import ChargeRow
 from domain.postings import Posting
 from schemas.ledger import LedgerEntry
 
@@ -23,6 +24,9 @@ _POSTING_COLUMNS = (
     "piece_start",
     "piece_end",
     "gpu_seconds",
+    "rate",
+    "charge_units",
+    "policy_id",
     "project",
     "user",
     "cluster",
@@ -67,6 +71,9 @@ class LedgerStore:
                 p.piece_start,
                 p.piece_end,
                 p.gpu_seconds,
+                p.rate,
+                p.charge_units,
+                p.policy_id,
                 e.project,
                 e.user,
                 e.cluster,
@@ -135,13 +142,15 @@ class LedgerStore:
         A materialized view is fed by inserts only: if the process died between a postings part
         and its view part, only a rebuild from the postings restores the projection.
         """
-        p_sum, p_count, p_distinct = self.db.rows(
-            "SELECT sum(gpu_seconds), count(), uniqExact(posting_id)"
+        p_sum, p_charge, p_count, p_distinct = self.db.rows(
+            "SELECT sum(gpu_seconds), sum(charge_units), count(), uniqExact(posting_id)"
             " FROM {db}.ledger_postings WHERE kind != 'revision'"
         )[0]
-        v_sum, v_count = self.db.rows("SELECT sum(gpu_seconds), sum(postings) FROM {db}.usage_daily")[0]
+        v_sum, v_charge, v_count = self.db.rows(
+            "SELECT sum(gpu_seconds), sum(charge_units), sum(postings) FROM {db}.usage_daily"
+        )[0]
         rebuilt = False
-        if (int(p_sum), int(p_count)) != (int(v_sum), int(v_count)):
+        if (int(p_sum), int(p_charge), int(p_count)) != (int(v_sum), int(v_charge), int(v_count)):
             self.rebuild_projections()
             rebuilt = True
         return Reconciliation(
@@ -152,10 +161,14 @@ class LedgerStore:
         self.db.command("TRUNCATE TABLE {db}.usage_daily")
         self.db.command(
             "INSERT INTO {db}.usage_daily SELECT project, day, user, cluster, gpu_type,"
-            " priority_class, interactive, sum(gpu_seconds), count() FROM {db}.ledger_postings"
-            " WHERE kind != 'revision'"
+            " priority_class, interactive, sum(gpu_seconds), sum(charge_units), count()"
+            " FROM {db}.ledger_postings WHERE kind != 'revision'"
             " GROUP BY project, day, user, cluster, gpu_type, priority_class, interactive"
         )
+
+    def charge_horizon(self) -> int:
+        """The latest instant of charged usage (0 for an empty ledger): policies start after it."""
+        return int(self.db.rows("SELECT max(piece_end) FROM {db}.ledger_postings WHERE kind = 'usage'")[0][0])
 
     # -- read side ----------------------------------------------------------------------------
     def total_gpu_seconds(self, project: str | None = None) -> int:
@@ -194,3 +207,43 @@ class LedgerStore:
         )
         first, last, n = rows[0]
         return (first, last) if n else None
+
+    # -- balances -----------------------------------------------------------------------------
+    def charge_rows(self, project: str, segments: Sequence[tuple[int, int]], as_of: int) -> list[ChargeRow]:
+        """The project's charges clipped to each segment, per cluster and GPU type, as of `as_of`.
+
+        As of an instant means: the entries whose closing event had occurred by then (a replay of
+        the events up to then gives exactly these). Clipping is exact: a posting's charge is
+        GPU-seconds x a constant rate, so any part of it is an integer.
+        """
+        if not segments:
+            return []
+        starts = [s for s, _ in segments]
+        ends = [e for _, e in segments]
+        rows = self.db.rows(
+            "SELECT seg, cluster, gpu_type,"
+            " sum(intDiv(charge_units * ov, piece_end - piece_start)) AS units,"
+            " sum(intDiv(gpu_seconds * ov, piece_end - piece_start)) AS secs"
+            " FROM (SELECT arrayJoin(arrayEnumerate({s:Array(Int64)})) AS seg,"
+            "   greatest(0, least(piece_end, {e:Array(Int64)}[seg])"
+            "     - greatest(piece_start, {s:Array(Int64)}[seg])) AS ov,"
+            "   charge_units, gpu_seconds, piece_start, piece_end, cluster, gpu_type"
+            "   FROM {db}.ledger_postings"
+            "   WHERE project = {p:String} AND kind != 'revision' AND interval_end <= {at:Int64}"
+            "     AND piece_end > {lo:Int64} AND piece_start < {hi:Int64})"
+            " WHERE ov > 0 GROUP BY seg, cluster, gpu_type ORDER BY seg, cluster, gpu_type",
+            {"p": project, "s": starts, "e": ends, "at": as_of, "lo": min(starts), "hi": max(ends)},
+        )
+        return [
+            ChargeRow(starts[seg - 1], ends[seg - 1], cluster, gpu_type, int(units), int(secs))
+            for seg, cluster, gpu_type, units, secs in rows
+        ]
+
+    def project_charges(self, project: str, as_of: int) -> tuple[int, int]:
+        """(charge units, GPU-seconds) of every entry of the project closed by `as_of`."""
+        units, secs = self.db.rows(
+            "SELECT sum(charge_units), sum(gpu_seconds) FROM {db}.ledger_postings"
+            " WHERE project = {p:String} AND kind != 'revision' AND interval_end <= {at:Int64}",
+            {"p": project, "at": as_of},
+        )[0]
+        return int(units), int(secs)

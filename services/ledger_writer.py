@@ -22,9 +22,11 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from prometheus_client import Counter, Gauge, Histogram
 
 from allmende.settings import Settings
+from domain.charging import PolicyTimeline, flat_policy
 from domain.postings import newest_per_entry, post
 from schemas.dead_letter import DeadLetter
 from schemas.ledger import LedgerEntry, decode_entries
+from services.admin_log import AdminLog
 from services.ledger_store import LedgerStore
 
 log = structlog.get_logger(__name__)
@@ -97,9 +99,18 @@ class LedgerWriter:
         settings: Settings,
         store: LedgerStore,
         consumer_name: str | None = None,
+        admin_log: AdminLog | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        # The policy timeline comes from the admin log, read to its end before every batch.
+        self.admin_log = admin_log
+        self._owns_admin_log = admin_log is None
+        # Held while a batch is priced and posted. An admin command that introduces a policy takes
+        # it too, so no batch can charge usage past the policy's start while the policy is checked
+        # against the charge horizon and published.
+        self.posting_lock = threading.Lock()
+        self.horizon: int | None = None  # latest charged instant; None until the writer has started
         self.topic = settings.ledger_entries_topic
         self.consumer_name = consumer_name or settings.writer_group
         self._cache = _JobCache(store)
@@ -115,6 +126,7 @@ class LedgerWriter:
         self,
         records: list[tuple[int, int, bytes | None, bytes]],
         dead_letter: Callable[[DeadLetter], None],
+        timeline: PolicyTimeline | None = None,
     ) -> BatchResult:
         """Post (partition, offset, key, value) records; returns counts. Offsets not saved here."""
         entries: list[LedgerEntry] = []
@@ -137,9 +149,12 @@ class LedgerWriter:
                 )
         newest = newest_per_entry(entries)
         current = self._cache.current(e.job_id for e in newest.values())
-        postings, accepted = post(newest, current)
+        postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
         self._cache.accept(accepted.values())
+        ends = [p.piece_end for p in postings if p.gpu_seconds > 0]
+        if ends:
+            self.horizon = max(self.horizon or 0, *ends)
         ENTRIES_READ.inc(len(records))
         ENTRIES_STALE.inc(len(entries) - len(accepted))
         POSTINGS_WRITTEN.inc(len(postings))
@@ -173,6 +188,10 @@ class LedgerWriter:
         s = self.settings
         report = self.store.reconcile()
         log.info("ledger_reconciled", **asdict(report))
+        self.horizon = self.store.charge_horizon()
+        if self.admin_log is None:
+            self.admin_log = AdminLog(s, dead_letters=False)
+        admin_log = self.admin_log
         consumer = KafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap_servers,
             group_id=self.consumer_name,
@@ -208,8 +227,9 @@ class LedgerWriter:
             while not stop.is_set():
                 records = self._take(consumer, stop)
                 if records:
-                    with BATCH_SECONDS.time():
-                        self.post_batch(records, dead_letter)
+                    with BATCH_SECONDS.time(), self.posting_lock:
+                        admin_log.catch_up()
+                        self.post_batch(records, dead_letter, admin_log.timeline())
                         producer.flush()
                         next_offsets: dict[int, int] = {}
                         for partition, offset, _, _ in records:
@@ -222,6 +242,9 @@ class LedgerWriter:
         finally:
             consumer.close(autocommit=False)
             producer.close(timeout=5)
+            if self._owns_admin_log:
+                admin_log.close()
+                self.admin_log = None
 
     def _seek_to_stored(self, consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
         """Resume from the offsets saved beside the ledger, not from Kafka's committed ones."""

@@ -7,6 +7,7 @@ that reads what it writes. With a ClickHouse server, run writers and API process
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,19 +16,35 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from allmende import __version__
 from allmende.clickhouse import Database
 from allmende.kafka_topics import ensure_topics
 from allmende.logs import configure_logging
 from allmende.settings import Settings
+from services.admin_log import AdminLog
+from services.admin_service import AdminService
+from services.api.auth import TokenBook
 from services.api.deps import Store, Writer
 from services.api.models import Health
+from services.api.routes_admin import router as admin_router
+from services.api.routes_balance import router as balance_router
 from services.api.routes_usage import router as usage_router
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
 log = structlog.get_logger(__name__)
+
+
+async def _expire_periodically(service: AdminService, every_s: float) -> None:
+    """Expire allocations whose period has ended; the events' ids make a repeat harmless."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await run_in_threadpool(service.expire_due)
+        except Exception as exc:  # Kafka or ClickHouse away: try again next round
+            log.warning("expiry_failed", error=repr(exc))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -38,17 +55,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         db = Database(s.clickhouse_dsn, s.clickhouse_database)
         await run_in_threadpool(db.migrate)
         app.state.store = LedgerStore(db)
+        app.state.tokens = TokenBook(s)
+        await run_in_threadpool(ensure_topics, s)
+        admin_log = AdminLog(s)
         app.state.writer = None
         if s.writer_enabled:
-            await run_in_threadpool(ensure_topics, s)
-            app.state.writer = LedgerWriter(s, app.state.store)
+            # One admin log for both: a policy the API publishes is the writer's next price list.
+            app.state.writer = LedgerWriter(s, app.state.store, admin_log=admin_log)
             app.state.writer.start()
+        app.state.admin = AdminService(admin_log, app.state.store, app.state.writer)
+        await run_in_threadpool(admin_log.catch_up)
+        expiry = asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))
         log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
         try:
             yield
         finally:
+            expiry.cancel()
             if app.state.writer is not None:
                 await run_in_threadpool(app.state.writer.stop)
+            await run_in_threadpool(admin_log.close)
 
     app = FastAPI(
         title="Allmende",
@@ -57,6 +82,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.include_router(usage_router)
+    app.include_router(balance_router)
+    app.include_router(admin_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])
@@ -77,6 +104,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if health.status != "ok":
             return JSONResponse(health.model_dump(), status_code=503)
         return health
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Refusals carry a machine-readable code beside the sentence: send that body as it is.
+        body = exc.detail if isinstance(exc.detail, dict) else {"detail": exc.detail}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(ValueError)
     async def value_error(_: Request, exc: ValueError) -> JSONResponse:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from services.admin_service import AdminService
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
@@ -22,3 +23,11 @@ def _writer(request: Request) -> LedgerWriter | None:
 
 Store = Annotated[LedgerStore, Depends(_store)]
 Writer = Annotated[LedgerWriter | None, Depends(_writer)]
+
+
+def _admin_service(request: Request) -> AdminService:
+    service: AdminService = request.app.state.admin
+    return service
+
+
+Admins = Annotated[AdminService, Depends(_admin_service)]

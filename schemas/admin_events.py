@@ -1,0 +1,235 @@
+"""Admin events: the organisation, budgets, charge policy and time-slice agreements.
+
+They travel on `<prefix>.admin-events`, one partition (one total order: the audit trail), keyed
+by the aggregate they change. Every event says who did it (`actor`), when (`occurred_at`, UTC
+Unix seconds), why (`reason`) and through what (`source`: `api`, or `plan:<name>` for the
+quarterly plan file). Ids are deterministic: a retried command produces the same `event_id`, which
+every consumer applies once.
+
+Amounts are integers: budgets in charge units (`domain.charging`, 10^6 per weighted GPU-second,
+so one GPU-hour at weight 1.00 is 3.6e9), rates in hundredths.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from schemas.events import ContractError, Identifier, UnixSeconds, validation_problems
+
+ChargeUnits = Annotated[int, Field(ge=0, le=2**62, strict=True)]
+SignedChargeUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]
+Rate = Annotated[int, Field(ge=0, le=10_000, strict=True)]  # hundredths, at most 100x
+Shares = Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | Literal["parent"]
+Reason = Annotated[str, Field(max_length=1000)]
+Weekdays = Annotated[tuple[Annotated[int, Field(ge=0, le=6)], ...], Field(min_length=1, max_length=7)]
+
+
+class _AdminEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: Annotated[str, Field(min_length=1, max_length=400)]
+    schema_version: Literal[1] = 1
+    occurred_at: UnixSeconds
+    actor: Identifier
+    reason: Reason = ""
+    source: Annotated[str, Field(min_length=1, max_length=200)] = "api"
+
+    @property
+    def aggregate(self) -> str:
+        """The key on the admin topic: what this event changes."""
+        raise NotImplementedError
+
+
+class NodeDeclared(_AdminEnvelope):
+    """A node of the organisation tree is declared or changed (same node id: an update)."""
+
+    type: Literal["NodeDeclared"] = "NodeDeclared"
+    node_id: Identifier
+    parent: Identifier | None = None  # None: directly under the root
+    kind: Literal["organisation", "group", "project"]
+    shares: Shares = 1
+    leads: tuple[Identifier, ...] = ()
+
+    @property
+    def aggregate(self) -> str:
+        return f"node:{self.node_id}"
+
+
+class ClusterDeclared(_AdminEnvelope):
+    type: Literal["ClusterDeclared"] = "ClusterDeclared"
+    cluster: Identifier
+    gpu_type: Identifier
+    gpus: Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
+
+    @property
+    def aggregate(self) -> str:
+        return f"cluster:{self.cluster}"
+
+
+class PolicyChanged(_AdminEnvelope):
+    """A charge policy version, in force from `effective_from` until the next one."""
+
+    type: Literal["PolicyChanged"] = "PolicyChanged"
+    policy_id: Identifier
+    effective_from: UnixSeconds
+    gpu_type_weights: dict[Identifier, Rate]
+    default_gpu_type_weight: Rate
+    priority_multipliers: dict[Literal["preemptible", "standard", "non-preemptible"], Rate]
+    interactive_rate: Rate = 100
+
+    @property
+    def aggregate(self) -> str:
+        return "policy"
+
+
+class AllocationGranted(_AdminEnvelope):
+    """A budget for `project` over [period_start, period_end), optionally for one cluster/GPU type."""
+
+    type: Literal["AllocationGranted"] = "AllocationGranted"
+    allocation_id: Identifier
+    project: Identifier
+    period: Annotated[str, Field(min_length=1, max_length=100)]  # a label, e.g. 2027-Q1
+    period_start: UnixSeconds
+    period_end: UnixSeconds
+    amount_units: ChargeUnits
+    cluster: Identifier | None = None
+    gpu_type: Identifier | None = None
+    rollover: bool = False  # unused units move to the next period of the same length at expiry
+
+    @property
+    def aggregate(self) -> str:
+        return f"allocation:{self.allocation_id}"
+
+
+class AllocationAdjusted(_AdminEnvelope):
+    """The allocated amount changes by `delta_units` (the reason is mandatory)."""
+
+    type: Literal["AllocationAdjusted"] = "AllocationAdjusted"
+    allocation_id: Identifier
+    delta_units: SignedChargeUnits
+
+    @property
+    def aggregate(self) -> str:
+        return f"allocation:{self.allocation_id}"
+
+
+class AllocationTransferred(_AdminEnvelope):
+    """Units move from one allocation to another: both sides in this one event, so never half done."""
+
+    type: Literal["AllocationTransferred"] = "AllocationTransferred"
+    transfer_id: Identifier
+    from_allocation: Identifier
+    to_allocation: Identifier
+    amount_units: Annotated[int, Field(ge=1, le=2**62, strict=True)]
+
+    @property
+    def aggregate(self) -> str:
+        return f"transfer:{self.transfer_id}"
+
+
+class AllocationExpired(_AdminEnvelope):
+    """The period ended: what was unused is forfeited, or rolled into `rollover_allocation_id`."""
+
+    type: Literal["AllocationExpired"] = "AllocationExpired"
+    allocation_id: Identifier
+    unused_units: ChargeUnits
+    rollover_allocation_id: Identifier | None = None
+
+    @property
+    def aggregate(self) -> str:
+        return f"allocation:{self.allocation_id}"
+
+
+class FixedWindowSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fixed"] = "fixed"
+    start: UnixSeconds
+    end: UnixSeconds
+
+
+class WeeklyWindowSpec(BaseModel):
+    """Weekdays 0 (Monday) .. 6 at hour:minute local time in `time_zone`, for `duration_s`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["weekly"] = "weekly"
+    weekdays: Weekdays
+    hour: Annotated[int, Field(ge=0, le=23, strict=True)]
+    minute: Annotated[int, Field(ge=0, le=59, strict=True)] = 0
+    duration_s: Annotated[int, Field(ge=1, le=7 * 86_400, strict=True)]
+    time_zone: Annotated[str, Field(min_length=1, max_length=64)]
+    valid_from: UnixSeconds
+    valid_until: UnixSeconds
+
+
+WindowSpec = Annotated[FixedWindowSpec | WeeklyWindowSpec, Field(discriminator="kind")]
+
+
+class AgreementGranted(_AdminEnvelope):
+    """`project` is guaranteed `gpus` GPUs of `cluster` whenever `window` is open."""
+
+    type: Literal["AgreementGranted"] = "AgreementGranted"
+    agreement_id: Identifier
+    project: Identifier
+    cluster: Identifier
+    gpus: Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
+    window: WindowSpec
+
+    @property
+    def aggregate(self) -> str:
+        return f"agreement:{self.agreement_id}"
+
+
+class AgreementRevoked(_AdminEnvelope):
+    type: Literal["AgreementRevoked"] = "AgreementRevoked"
+    agreement_id: Identifier
+
+    @property
+    def aggregate(self) -> str:
+        return f"agreement:{self.agreement_id}"
+
+
+AdminEvent = Annotated[
+    NodeDeclared
+    | ClusterDeclared
+    | PolicyChanged
+    | AllocationGranted
+    | AllocationAdjusted
+    | AllocationTransferred
+    | AllocationExpired
+    | AgreementGranted
+    | AgreementRevoked,
+    Field(discriminator="type"),
+]
+ADMIN_EVENT_TYPES: tuple[type[BaseModel], ...] = (
+    NodeDeclared,
+    ClusterDeclared,
+    PolicyChanged,
+    AllocationGranted,
+    AllocationAdjusted,
+    AllocationTransferred,
+    AllocationExpired,
+    AgreementGranted,
+    AgreementRevoked,
+)
+_admin_event_adapter: TypeAdapter[AdminEvent] = TypeAdapter(AdminEvent)
+
+
+def parse_admin_event(raw: bytes) -> AdminEvent:
+    """Decode and validate one admin event, or raise ContractError with a readable reason."""
+    try:
+        return _admin_event_adapter.validate_json(raw)
+    except ValidationError as exc:
+        raise ContractError(f"contract violation: {validation_problems(exc)}") from None
+
+
+def encode_admin_event(event: AdminEvent) -> bytes:
+    return orjson.dumps(event.model_dump(mode="json"))
+
+
+def admin_event_json_schema() -> dict[str, object]:
+    return _admin_event_adapter.json_schema()

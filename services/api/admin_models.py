@@ -1,0 +1,238 @@
+"""Request and response models of the admin and balance API (one model per direction).
+
+GPU-hours cross the API as exact decimals; inside they are integer charge units.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.allocations import UNITS_PER_GPU_HOUR
+from domain.balances import AllocationBalance, ProjectBalance
+from domain.plan import Change
+from domain.plan_file import Rate
+from schemas.admin_events import AdminEvent, WindowSpec
+from schemas.events import Identifier
+
+GpuHours = Annotated[Decimal, Field(ge=0, le=10**9, decimal_places=9)]
+Reason = Annotated[str, Field(max_length=1000)]
+
+
+def units_to_hours(units: int) -> Decimal:
+    """Exact weighted GPU-hours of charge units, to 1e-9 (one charge unit is 2.8e-13 of an hour)."""
+    return (Decimal(units) / UNITS_PER_GPU_HOUR).quantize(Decimal("0.000000001"))
+
+
+def hours_to_units(hours: Decimal) -> int:
+    scaled = hours * UNITS_PER_GPU_HOUR
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"{hours} GPU-hours is not a whole number of charge units")
+    return int(scaled)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Reason = ""
+
+
+class NodeRequest(_Request):
+    node_id: Identifier
+    kind: Literal["organisation", "group", "project"]
+    parent: Identifier | None = None
+    shares: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["parent"] = 1
+    leads: list[Identifier] = []
+
+
+class ClusterRequest(_Request):
+    cluster: Identifier
+    gpu_type: Identifier
+    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+class PolicyRequest(_Request):
+    policy_id: Identifier
+    effective_from: dt.datetime
+    gpu_type_weights: dict[Identifier, Rate] = {}
+    default_gpu_type_weight: Rate = Decimal(1)
+    priority_multipliers: dict[Literal["preemptible", "standard", "non-preemptible"], Rate]
+    interactive_rate: Rate = Decimal(1)
+
+
+class GrantRequest(_Request):
+    allocation_id: Identifier | None = Field(
+        default=None, description="default: project/period[/cluster][/gpu_type]"
+    )
+    project: Identifier
+    period: str | None = Field(default=None, description="a quarter, e.g. 2027-Q1; or give start and end")
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    gpu_hours: GpuHours
+    cluster: Identifier | None = None
+    gpu_type: Identifier | None = None
+    rollover: bool = False
+
+
+class AdjustRequest(_Request):
+    delta_gpu_hours: Annotated[Decimal, Field(ge=-(10**9), le=10**9, decimal_places=9)]
+    reason: Annotated[str, Field(min_length=1, max_length=1000)]
+
+
+class TransferRequest(_Request):
+    from_allocation: Identifier
+    to_allocation: Identifier
+    gpu_hours: Annotated[Decimal, Field(gt=0, le=10**9, decimal_places=9)]
+
+
+class AgreementRequest(_Request):
+    agreement_id: Identifier
+    project: Identifier
+    cluster: Identifier
+    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    window: WindowSpec
+
+
+class RevokeRequest(_Request):
+    pass
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Annotated[str, Field(min_length=1, max_length=1_000_000, description="the plan file (YAML)")]
+
+
+class EventOut(BaseModel):
+    event_id: str
+    type: str
+    occurred_at: int
+    actor: str
+    reason: str
+    source: str
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: AdminEvent) -> EventOut:
+        data = event.model_dump(mode="json")
+        envelope = {k: data.pop(k) for k in ("event_id", "type", "occurred_at", "actor", "reason", "source")}
+        data.pop("schema_version", None)
+        return cls(**envelope, data=data)
+
+
+class CommandResult(BaseModel):
+    applied: list[EventOut]
+    unchanged: list[EventOut] = Field(description="already on the log: this request was a retry")
+
+
+class ChangeOut(BaseModel):
+    action: str
+    target: str
+    detail: str
+    event: EventOut
+
+    @classmethod
+    def of(cls, change: Change) -> ChangeOut:
+        return cls(
+            action=change.action, target=change.target, detail=change.detail, event=EventOut.of(change.event)
+        )
+
+
+class PlanResult(BaseModel):
+    changes: list[ChangeOut]
+    applied: bool
+
+
+class AllocationBalanceOut(BaseModel):
+    allocation_id: str
+    period: str
+    start: int
+    end: int
+    scope: str
+    cluster: str | None
+    gpu_type: str | None
+    expired: bool
+    allocated_gpu_hours: Decimal
+    charged_gpu_hours: Decimal
+    held_gpu_hours: Decimal
+    remaining_gpu_hours: Decimal
+    forfeited_gpu_hours: Decimal
+    allocated_units: int
+    charged_units: int
+    held_units: int
+    remaining_units: int
+    gpu_seconds: int
+
+    @classmethod
+    def of(cls, line: AllocationBalance) -> AllocationBalanceOut:
+        a = line.allocation
+        return cls(
+            allocation_id=a.allocation_id, period=a.period, start=a.start, end=a.end, scope=a.scope(),
+            cluster=a.cluster, gpu_type=a.gpu_type, expired=a.expired,
+            allocated_gpu_hours=units_to_hours(line.allocated_units),
+            charged_gpu_hours=units_to_hours(line.charged_units),
+            held_gpu_hours=units_to_hours(line.held_units),
+            remaining_gpu_hours=units_to_hours(line.remaining_units),
+            forfeited_gpu_hours=units_to_hours(a.forfeited_units),
+            allocated_units=line.allocated_units, charged_units=line.charged_units,
+            held_units=line.held_units, remaining_units=line.remaining_units,
+            gpu_seconds=line.charged_gpu_seconds,
+        )  # fmt: skip
+
+
+class BalanceOut(BaseModel):
+    project: str
+    as_of: int
+    allocations: list[AllocationBalanceOut]
+    over_budget_gpu_hours: Decimal = Field(
+        description="charges no allocation covers: recorded, never dropped"
+    )
+    over_budget_units: int
+    over_budget_gpu_seconds: int
+    total_charged_gpu_hours: Decimal
+    total_charged_units: int
+    total_gpu_seconds: int
+
+    @classmethod
+    def of(cls, balance: ProjectBalance, period: str | None) -> BalanceOut:
+        lines = [
+            AllocationBalanceOut.of(b) for b in balance.allocations if period in (None, b.allocation.period)
+        ]
+        return cls(
+            project=balance.project, as_of=balance.as_of, allocations=lines,
+            over_budget_gpu_hours=units_to_hours(balance.unallocated_units),
+            over_budget_units=balance.unallocated_units,
+            over_budget_gpu_seconds=balance.unallocated_gpu_seconds,
+            total_charged_gpu_hours=units_to_hours(balance.total_charged_units),
+            total_charged_units=balance.total_charged_units, total_gpu_seconds=balance.total_gpu_seconds,
+        )  # fmt: skip
+
+
+class NodeOut(BaseModel):
+    node_id: str
+    kind: str
+    parent: str | None
+    shares: int | str
+    leads: list[str]
+
+
+class ClusterOut(BaseModel):
+    cluster: str
+    gpu_type: str
+    gpus: int
+
+
+class OrganisationOut(BaseModel):
+    nodes: list[NodeOut]
+    clusters: list[ClusterOut]
+    policies: list[EventOut]
+    agreements: list[EventOut]
+    revoked_agreements: list[str]
+
+
+class RejectionBody(BaseModel):
+    detail: str
+    code: str
+    conflicting: list[str] = []
+    problems: list[dict[str, Any]] = []

@@ -1,0 +1,77 @@
+"""Bearer tokens: admins change budgets; project leads read their own projects' balances.
+
+Tokens come from the environment (`ALLMENDE_ADMIN_TOKENS`, `ALLMENDE_LEAD_TOKENS`), each a
+comma-separated list of `name:token`; the name is the actor recorded on every event the token's
+holder causes. Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from allmende.settings import Settings
+
+Role = Literal["admin", "lead"]
+_bearer = HTTPBearer(auto_error=False, description="an admin or project-lead token")
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: Role
+
+
+def parse_tokens(spec: str, default_name: str) -> list[tuple[str, str]]:
+    """`alice:t1,bob:t2` -> [(alice, t1), (bob, t2)]; a bare token gets `default_name`."""
+    pairs = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, token = item.partition(":")
+        pairs.append((name, token) if sep else (default_name, name))
+    return pairs
+
+
+class TokenBook:
+    def __init__(self, settings: Settings) -> None:
+        self._entries: list[tuple[str, str, Role]] = [
+            *((n, t, "admin") for n, t in parse_tokens(settings.admin_tokens, "admin")),
+            *((n, t, "lead") for n, t in parse_tokens(settings.lead_tokens, "lead")),
+        ]
+
+    def who(self, token: str) -> Principal | None:
+        found = None
+        for name, known, role in self._entries:
+            if hmac.compare_digest(known.encode(), token.encode()) and found is None:
+                found = Principal(name, role)
+        return found
+
+
+def _principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    if credentials is None:
+        raise HTTPException(
+            401, "send a token: Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
+        )
+    book: TokenBook = request.app.state.tokens
+    principal = book.who(credentials.credentials)
+    if principal is None:
+        raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+def _admin(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    if principal.role != "admin":
+        raise HTTPException(403, f"{principal.name} is not an admin")
+    return principal
+
+
+Caller = Annotated[Principal, Depends(_principal)]
+Admin = Annotated[Principal, Depends(_admin)]

@@ -1,0 +1,326 @@
+"""Admin routes: the organisation, charge policy, allocations, agreements and the plan file.
+
+Every change is an admin event with the caller as actor. Send an `Idempotency-Key` header to make
+a retry safe: the same key gives the same event id, answered as `unchanged` the second time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, TypedDict
+
+from fastapi import APIRouter, Header, HTTPException, Path
+from fastapi.concurrency import run_in_threadpool
+
+from domain.admin_state import AdminRejected, Overbooked
+from domain.allocations import quarter_bounds
+from domain.charging import RATE_SCALE
+from domain.plan import PlanConflict
+from domain.plan_file import PlanInvalid, exact_int
+from schemas.admin_events import (
+    AdminEvent,
+    AgreementGranted,
+    AgreementRevoked,
+    AllocationAdjusted,
+    AllocationGranted,
+    AllocationTransferred,
+    ClusterDeclared,
+    NodeDeclared,
+    PolicyChanged,
+)
+from services.admin_service import AdminService, Outcome
+from services.api.admin_models import (
+    AdjustRequest,
+    AgreementRequest,
+    ChangeOut,
+    ClusterOut,
+    ClusterRequest,
+    CommandResult,
+    EventOut,
+    GrantRequest,
+    NodeOut,
+    NodeRequest,
+    OrganisationOut,
+    PlanRequest,
+    PlanResult,
+    PolicyRequest,
+    RejectionBody,
+    RevokeRequest,
+    TransferRequest,
+    hours_to_units,
+)
+from services.api.auth import Admin, Caller
+from services.api.deps import Admins
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": RejectionBody} for code in (401, 403, 404, 409, 422)
+}
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$",
+           description="the same key makes a retry answer `unchanged` instead of acting twice"),
+]  # fmt: skip
+
+
+def rejection(exc: Exception) -> HTTPException:
+    """The HTTP answer to a refused command: 404 unknown, 409 conflicts, 422 invalid."""
+    if isinstance(exc, PlanInvalid):
+        problems = [{"line": line, "field": field, "message": msg} for line, field, msg in exc.problems]
+        return HTTPException(422, {"detail": str(exc), "code": "plan-invalid", "problems": problems})
+    if isinstance(exc, PlanConflict):
+        return HTTPException(409, {"detail": str(exc), "code": "conflict"})
+    assert isinstance(exc, AdminRejected)
+    status = {"unknown": 404, "invalid": 422}.get(exc.code, 409)
+    body: dict[str, object] = {"detail": str(exc), "code": exc.code}
+    if isinstance(exc, Overbooked):
+        body["conflicting"] = list(exc.conflicting)
+    return HTTPException(status, body)
+
+
+class _Envelope(TypedDict):
+    event_id: str
+    occurred_at: int
+    actor: str
+    reason: str
+    source: str
+
+
+def _base(service: AdminService, actor: str, reason: str, key: str | None, kind: str) -> _Envelope:
+    """The envelope of an API command's event; the idempotency key fixes its id."""
+    return {
+        "event_id": f"api:{kind}:{key}" if key else f"api:{kind}:{uuid.uuid4().hex}",
+        "occurred_at": service.now(),
+        "actor": actor,
+        "reason": reason,
+        "source": "api",
+    }
+
+
+async def _run(service: AdminService, events: list[AdminEvent]) -> CommandResult:
+    try:
+        outcome = await run_in_threadpool(service.submit, events)
+    except (AdminRejected, PlanConflict) as exc:
+        raise rejection(exc) from None
+    return _result(outcome)
+
+
+def _result(outcome: Outcome) -> CommandResult:
+    return CommandResult(
+        applied=[EventOut.of(e) for e in outcome.applied],
+        unchanged=[EventOut.of(e) for e in outcome.unchanged],
+    )
+
+
+@router.post(
+    "/nodes", response_model=CommandResult, responses=ERRORS, summary="Declare or change a node of the tree"
+)
+async def declare_node(
+    body: NodeRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    event = NodeDeclared(
+        **_base(service, admin.name, body.reason, key, "node"),
+        node_id=body.node_id, parent=body.parent, kind=body.kind, shares=body.shares, leads=tuple(body.leads),
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/clusters", response_model=CommandResult, responses=ERRORS, summary="Declare or change a cluster"
+)
+async def declare_cluster(
+    body: ClusterRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    event = ClusterDeclared(
+        **_base(service, admin.name, body.reason, key, "cluster"),
+        cluster=body.cluster, gpu_type=body.gpu_type, gpus=body.gpus,
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/policies",
+    response_model=CommandResult,
+    responses=ERRORS,
+    summary="Add a charge policy version, in force from its effective time (never before charged usage)",
+)
+async def change_policy(
+    body: PolicyRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    if body.effective_from.tzinfo is None:
+        raise HTTPException(422, "effective_from needs a time zone (Z or an offset)")
+    try:
+        rates = {
+            "gpu_type_weights": {k: exact_int(v, RATE_SCALE, k) for k, v in body.gpu_type_weights.items()},
+            "default_gpu_type_weight": exact_int(body.default_gpu_type_weight, RATE_SCALE, "default weight"),
+            "priority_multipliers": {
+                k: exact_int(v, RATE_SCALE, k) for k, v in body.priority_multipliers.items()
+            },
+            "interactive_rate": exact_int(body.interactive_rate, RATE_SCALE, "interactive rate"),
+        }
+        event = PolicyChanged(
+            **_base(service, admin.name, body.reason, key, "policy"),
+            policy_id=body.policy_id, effective_from=int(body.effective_from.timestamp()), **rates,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return await _run(service, [event])
+
+
+@router.post("/allocations", response_model=CommandResult, responses=ERRORS, summary="Grant a budget")
+async def grant(
+    body: GrantRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    try:
+        if body.period is not None:
+            start, end = quarter_bounds(body.period)
+            label = body.period
+        elif body.start is not None and body.end is not None and body.start.tzinfo and body.end.tzinfo:
+            from domain.allocations import period_label
+
+            start, end = int(body.start.timestamp()), int(body.end.timestamp())
+            label = period_label(start, end)
+        else:
+            raise ValueError("give a period (2027-Q1) or a start and an end with a time zone")
+        allocation_id = body.allocation_id or "/".join(
+            p for p in (body.project, label, body.cluster, body.gpu_type) if p
+        )
+        event = AllocationGranted(
+            **_base(service, admin.name, body.reason, key, "grant"),
+            allocation_id=allocation_id, project=body.project, period=label, period_start=start,
+            period_end=end, amount_units=hours_to_units(body.gpu_hours), cluster=body.cluster,
+            gpu_type=body.gpu_type, rollover=body.rollover,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return await _run(service, [event])
+
+
+AllocationId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
+
+
+@router.post(
+    "/allocations/{allocation_id:path}/adjustments",
+    response_model=CommandResult,
+    responses=ERRORS,
+    summary="Change an allocation's amount (with a reason)",
+)
+async def adjust(
+    allocation_id: AllocationId,
+    body: AdjustRequest,
+    admin: Admin,
+    service: Admins,
+    key: IdempotencyKey = None,
+) -> CommandResult:
+    try:
+        delta = hours_to_units(abs(body.delta_gpu_hours)) * (1 if body.delta_gpu_hours >= 0 else -1)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    event = AllocationAdjusted(
+        **_base(service, admin.name, body.reason, key, "adjust"),
+        allocation_id=allocation_id, delta_units=delta,
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/transfers", response_model=CommandResult, responses=ERRORS, summary="Move GPU-hours between allocations"
+)
+async def transfer(
+    body: TransferRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    try:
+        units = hours_to_units(body.gpu_hours)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    base = _base(service, admin.name, body.reason, key, "transfer")
+    event = AllocationTransferred(
+        **base,
+        transfer_id=str(base["event_id"]).removeprefix("api:transfer:"),
+        from_allocation=body.from_allocation, to_allocation=body.to_allocation, amount_units=units,
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/agreements",
+    response_model=CommandResult,
+    responses=ERRORS,
+    summary="Grant a time-slice agreement (refused when it would overbook the cluster)",
+)
+async def grant_agreement(
+    body: AgreementRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    event = AgreementGranted(
+        **_base(service, admin.name, body.reason, key, "agreement"),
+        agreement_id=body.agreement_id, project=body.project, cluster=body.cluster, gpus=body.gpus,
+        window=body.window,
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/agreements/{agreement_id}/revocation",
+    response_model=CommandResult,
+    responses=ERRORS,
+    summary="Revoke a time-slice agreement",
+)
+async def revoke_agreement(
+    agreement_id: AllocationId, body: RevokeRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    event = AgreementRevoked(
+        **_base(service, admin.name, body.reason, key or f"revoke-{agreement_id}", "revoke"),
+        agreement_id=agreement_id,
+    )  # fmt: skip
+    return await _run(service, [event])
+
+
+@router.post(
+    "/expiry", response_model=CommandResult, responses=ERRORS, summary="Expire allocations whose period ended"
+)
+async def expire(admin: Admin, service: Admins) -> CommandResult:
+    return _result(await run_in_threadpool(service.expire_due, admin.name))
+
+
+async def _plan(service: AdminService, body: PlanRequest, actor: str, apply: bool) -> PlanResult:
+    try:
+        if apply:
+            changes, _ = await run_in_threadpool(service.apply_plan, body.text, actor)
+        else:
+            changes = await run_in_threadpool(service.plan, body.text, actor)
+    except (PlanInvalid, PlanConflict, AdminRejected) as exc:
+        raise rejection(exc) from None
+    return PlanResult(changes=[ChangeOut.of(c) for c in changes], applied=apply)
+
+
+@router.post(
+    "/plan/diff", response_model=PlanResult, responses=ERRORS, summary="What a plan file would change"
+)
+async def plan_diff(body: PlanRequest, admin: Admin, service: Admins) -> PlanResult:
+    return await _plan(service, body, admin.name, apply=False)
+
+
+@router.post(
+    "/plan/apply", response_model=PlanResult, responses=ERRORS, summary="Apply a plan file (idempotent)"
+)
+async def plan_apply(body: PlanRequest, admin: Admin, service: Admins) -> PlanResult:
+    return await _plan(service, body, admin.name, apply=True)
+
+
+@router.get(
+    "/organisation", response_model=OrganisationOut, responses=ERRORS, summary="The tree, clusters, policies"
+)
+async def organisation(caller: Caller, service: Admins) -> OrganisationOut:
+    state = await run_in_threadpool(service.state)
+    return OrganisationOut(
+        nodes=[
+            NodeOut(node_id=n.node_id, kind=n.kind, parent=n.parent, shares=n.shares, leads=list(n.leads))
+            for n in sorted(state.nodes.values(), key=lambda n: n.node_id)
+        ],
+        clusters=[
+            ClusterOut(cluster=c.cluster, gpu_type=c.gpu_type, gpus=c.gpus) for c in state.clusters.values()
+        ],
+        policies=[EventOut.of(p) for p in sorted(state.policies.values(), key=lambda p: p.effective_from)],
+        agreements=[EventOut.of(a) for _, a in sorted(state.agreements.items())],
+        revoked_agreements=sorted(state.revoked),
+    )

@@ -1,0 +1,53 @@
+"""Running the API process (with its in-process ledger writer) against real Kafka and chDB."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from allmende.settings import Settings
+from services.admin_service import AdminService
+from services.api.app import create_app
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+ALICE = {"Authorization": "Bearer alice-secret"}
+BOB = {"Authorization": "Bearer bob-secret"}
+
+
+def with_tokens(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={"admin_tokens": "root:admin-secret", "lead_tokens": "alice:alice-secret,bob:bob-secret"}
+    )
+
+
+class FakeClock:
+    """The service's clock, set by the test: admin events get the instants the scenario needs."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return float(self.now)
+
+
+@contextmanager
+def running_api(settings: Settings, now: int) -> Iterator[tuple[TestClient, FakeClock]]:
+    clock = FakeClock(now)
+    with TestClient(create_app(with_tokens(settings))) as client:
+        service: AdminService = client.app.state.admin  # type: ignore[attr-defined]
+        service.clock = clock
+        yield client, clock
+
+
+def ok(response: httpx.Response) -> Any:
+    assert response.status_code == 200, f"{response.status_code}: {response.text}"
+    return response.json()
+
+
+def plan_text(body: str) -> str:
+    return textwrap.dedent(body).lstrip()
