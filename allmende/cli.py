@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from allmende import procs
+from allmende.api_client import api_url as _api_url
+from allmende.api_client import local_admin_token, local_admin_token_file
+from allmende.cli_budget import apply as budget_apply
+from allmende.cli_budget import balance as budget_balance
+from allmende.cli_budget import budget_app
 from allmende.settings import PROJECT_ROOT, Settings
 
 app = typer.Typer(
@@ -22,9 +26,11 @@ app = typer.Typer(
 )
 kafka_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(budget_app, name="budget")
 console = Console()
 
 DEMO_TRACE = PROJECT_ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
+DEMO_PLAN = PROJECT_ROOT / "examples" / "plans" / "elasticflow-2021-q2.yaml"
 
 
 def _settings() -> Settings:
@@ -175,10 +181,6 @@ def replay(
     )
 
 
-def _api_url(settings: Settings) -> str:
-    return os.environ.get("ALLMENDE_API_URL", f"http://{settings.api_host}:{settings.api_port}")
-
-
 @app.command()
 def usage(
     project: Annotated[str, typer.Argument(help="project name")],
@@ -242,7 +244,9 @@ def up() -> None:
 
     ensure_topics(s)
     procs.start(s.run_dir, "worker", ["worker"])
-    procs.start(s.run_dir, "api", ["serve"])
+    # The local API gets an admin token of its own unless the environment names some.
+    env = {} if s.admin_tokens else {"ALLMENDE_ADMIN_TOKENS": f"admin:{local_admin_token(s, create=True)}"}
+    procs.start(s.run_dir, "api", ["serve"], env=env)
     _wait_http(f"{_api_url(s)}/healthz", 90)
     console.print(f"API: {_api_url(s)}  (docs: {_api_url(s)}/docs, logs: {s.run_dir})")
 
@@ -262,14 +266,18 @@ def down() -> None:
 def demo(
     trace: Annotated[Path, typer.Option(help="ElasticFlow trace tarball")] = DEMO_TRACE,
     cluster: Annotated[str, typer.Option(help="which cluster CSV to replay")] = "cluster01",
+    plan: Annotated[Path, typer.Option(help="the quarter plan to apply first")] = DEMO_PLAN,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the ledger")] = 600,
 ) -> None:
-    """Start the platform, replay a real trace and wait until the ledger holds all of it."""
+    """Start the platform, apply a quarter plan, replay a real trace, wait for the exact ledger."""
     from domain.traces import TraceFormat, read_trace
 
     if not trace.exists():
         raise typer.BadParameter(f"trace {trace} not found (expected ../shared/data/traces)")
     up()
+    console.rule("the quarter plan")
+    budget_apply(plan)
+    console.rule("the trace")
     replay(trace, "elasticflow", cluster=cluster, sample_every=600, speed=None, limit=None)
     s = Settings()
     project = f"ef-{cluster}"
@@ -285,7 +293,11 @@ def demo(
             time.sleep(1)
     state = "[green]exact[/green]" if total == expected else "[red]incomplete[/red]"
     console.print(f"ledger total {total:,} GPU-seconds, trace {expected:,}: {state}")
-    console.print(f"Try: allmende usage {project}   or   curl '{_api_url(s)}/v1/projects/{project}/usage'")
+    budget_balance(project, as_of=None, period=None, as_json=False, plot=None)
+    for command in ("usage", "budget balance", "budget history"):
+        console.print(f"Try: allmende {command} {project}")
+    token = f"$(cat {local_admin_token_file(s)})"
+    console.print(f'     curl -H "Authorization: Bearer {token}" {_api_url(s)}/v1/projects/{project}/balance')
     console.print(f"API docs: {_api_url(s)}/docs   stop with: make down")
 
 

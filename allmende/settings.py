@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     token: str = ""
     # How often the API looks for allocations whose period has ended (expiry, rollover).
     expiry_check_s: float = Field(default=60.0, gt=0)
+    # An allocation expires this long after its period ends, and only once the ledger has caught
+    # up: jobs that ran across the end report their last usage late.
+    expiry_grace_s: int = Field(default=86_400, ge=0)
 
     log_level: str = "INFO"
     log_json: bool = True

@@ -66,9 +66,9 @@ class Allocation:
 
 
 def rollover_successor(allocation: Allocation, new_id: str, unused_units: int, event_id: str) -> Allocation:
-    """The allocation that takes over the unused units: the next period of the same length."""
-    length = allocation.end - allocation.start
-    start, end = allocation.end, allocation.end + length
+    """The allocation that takes over the unused units: the next quarter, or the next period of the
+    same length when the period is not a calendar quarter."""
+    start, end = next_period(allocation.start, allocation.end)
     return Allocation(
         allocation_id=new_id,
         project=allocation.project,
@@ -82,6 +82,14 @@ def rollover_successor(allocation: Allocation, new_id: str, unused_units: int, e
         granted_at=allocation.end,
         event_ids=(event_id,),
     )
+
+
+def next_period(start: int, end: int) -> tuple[int, int]:
+    label = period_label(start, end)
+    if "-Q" in label:
+        year, quarter = (int(x) for x in label.split("-Q"))
+        return quarter_bounds(f"{year + quarter // 4}-Q{quarter % 4 + 1}")
+    return end, end + (end - start)
 
 
 def quarter_bounds(label: str) -> tuple[int, int]:

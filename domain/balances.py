@@ -1,10 +1,12 @@
 """Balances: allocated, charged, held and remaining per allocation, from allocations and charges.
 
 Charges reach the balance as rows per *segment*: the time between consecutive boundaries of the
-project's allocation periods, so that inside one segment the same allocations are in force. Each
-row (segment, cluster, GPU type) goes to the most specific allocation covering it (cluster and
-GPU type, then cluster, then GPU type, then any; ties go to the earlier grant). What no allocation
-covers is over-budget usage: recorded and shown, never dropped.
+project's allocation periods, so that inside one segment the same allocations are in force.
+Segments are taken in time order, so earlier use spends a budget first. Inside a segment the
+covering allocations are filled most specific first (cluster and GPU type, then cluster, then GPU
+type, then any; ties to the earlier grant), each up to what it has left, and what one cannot take
+spills to the next. What no allocation covers is *unallocated*; what the covering allocations
+cannot take is *overspent*. Both are over-budget usage: recorded and shown, never dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ class ChargeRow:
 class AllocationBalance:
     allocation: Allocation
     charged_units: int
-    charged_gpu_seconds: int
     held_units: int
 
     @property
@@ -41,7 +42,7 @@ class AllocationBalance:
 
     @property
     def remaining_units(self) -> int:
-        """Negative when the allocation is overspent (usage is never refused after the fact)."""
+        """What can still be spent; 0 once expired; below 0 only when holds exceed what is left."""
         if self.allocation.expired:
             return 0
         return self.allocated_units - self.charged_units - self.held_units
@@ -56,10 +57,14 @@ class ProjectBalance:
     project: str
     as_of: int
     allocations: tuple[AllocationBalance, ...]
-    unallocated_units: int  # charges no allocation covers: over-budget usage
-    unallocated_gpu_seconds: int
+    unallocated_units: int  # charges no allocation covers
+    overspent_units: int  # charges the covering allocations had no room for
     total_charged_units: int
     total_gpu_seconds: int
+
+    @property
+    def over_budget_units(self) -> int:
+        return self.unallocated_units + self.overspent_units
 
 
 def segments(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
@@ -69,15 +74,14 @@ def segments(allocations: Iterable[Allocation]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in itertools.pairwise(cuts) if any(ps <= s and e <= pe for ps, pe in periods)]
 
 
-def best_allocation(
+def covering(
     allocations: Sequence[Allocation], start: int, end: int, cluster: str, gpu_type: str
-) -> Allocation | None:
-    covering = [
+) -> list[Allocation]:
+    """The allocations that may pay for use in [start, end) on `cluster`, in the order they pay."""
+    found = [
         a for a in allocations if a.start <= start and end <= a.end and a.covers(start, cluster, gpu_type)
     ]
-    if not covering:
-        return None
-    return min(covering, key=lambda a: (-a.specificity(), a.granted_at, a.allocation_id))
+    return sorted(found, key=lambda a: (-a.specificity(), a.granted_at, a.allocation_id))
 
 
 def project_balance(
@@ -89,27 +93,34 @@ def project_balance(
     total_gpu_seconds: int,
     held: Mapping[str, int] | None = None,
 ) -> ProjectBalance:
-    """Assign the segment rows to allocations; the rest of the project's total is unallocated."""
-    charged: dict[str, list[int]] = {a.allocation_id: [0, 0] for a in allocations}
-    for row in rows:
-        target = best_allocation(allocations, row.start, row.end, row.cluster, row.gpu_type)
-        if target is not None:
-            charged[target.allocation_id][0] += row.charge_units
-            charged[target.allocation_id][1] += row.gpu_seconds
+    """Spend the rows on the allocations in time order; the rest of the total is over budget."""
+    charged = {a.allocation_id: 0 for a in allocations}
+    overspent = 0
+    for row in sorted(rows, key=lambda r: (r.start, r.end, r.cluster, r.gpu_type)):
+        left = row.charge_units
+        payers = covering(allocations, row.start, row.end, row.cluster, row.gpu_type)
+        for a in payers:
+            if left <= 0:
+                break
+            take = min(left, max(0, a.allocated_units - charged[a.allocation_id]))
+            charged[a.allocation_id] += take
+            left -= take
+        if payers:
+            if left < 0:  # net negative use in a segment (a correction): give it back to the first payer
+                charged[payers[0].allocation_id] += left
+            else:
+                overspent += left
     lines = tuple(
-        AllocationBalance(
-            a, charged[a.allocation_id][0], charged[a.allocation_id][1], (held or {}).get(a.allocation_id, 0)
-        )
+        AllocationBalance(a, charged[a.allocation_id], (held or {}).get(a.allocation_id, 0))
         for a in allocations
     )
-    matched_units = sum(line.charged_units for line in lines)
-    matched_seconds = sum(line.charged_gpu_seconds for line in lines)
+    matched = sum(line.charged_units for line in lines) + overspent
     return ProjectBalance(
         project=project,
         as_of=as_of,
         allocations=lines,
-        unallocated_units=total_charged_units - matched_units,
-        unallocated_gpu_seconds=total_gpu_seconds - matched_seconds,
+        unallocated_units=total_charged_units - matched,
+        overspent_units=overspent,
         total_charged_units=total_charged_units,
         total_gpu_seconds=total_gpu_seconds,
     )

@@ -13,6 +13,7 @@ adjusted to zero).
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal, TypedDict
@@ -139,7 +140,8 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
         held_policy = state.policies.get(p.id)
         if held_policy is None:
             event = PolicyChanged(**envelope(), policy_id=p.id, effective_from=effective_from, **rates)
-            changes.append(Change("declare", f"policy {p.id}", f"in force from {effective_from}", event))
+            since = dt.datetime.fromtimestamp(effective_from, dt.UTC).isoformat()
+            changes.append(Change("declare", f"policy {p.id}", f"in force from {since}", event))
         elif (held_policy.effective_from, held_policy.gpu_type_weights, held_policy.default_gpu_type_weight,
               held_policy.priority_multipliers, held_policy.interactive_rate) != (
               effective_from, rates["gpu_type_weights"], rates["default_gpu_type_weight"],

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from schemas.admin_events import ADMIN_EVENT_TYPES, admin_event_json_schema
 from schemas.dead_letter import DeadLetter
 from schemas.events import JOB_EVENT_TYPES, job_event_json_schema
 
@@ -18,6 +19,9 @@ OUT = Path(__file__).resolve().parent / "jsonschema"
 def rendered() -> dict[str, str]:
     docs: dict[str, object] = {"job-event.schema.json": job_event_json_schema()}
     for model in JOB_EVENT_TYPES:
+        docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
+    docs["admin-event.schema.json"] = admin_event_json_schema()
+    for model in ADMIN_EVENT_TYPES:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["DeadLetter.schema.json"] = DeadLetter.model_json_schema()
     return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in docs.items()}

@@ -43,11 +43,13 @@ class AdminService:
         store: LedgerStore,
         writer: LedgerWriter | None = None,
         clock: Callable[[], float] = time.time,
+        expiry_grace_s: int = 86_400,
     ) -> None:
         self.log = admin_log
         self.store = store
         self.writer = writer  # in-process writer: policies may start anywhere not yet charged
         self.clock = clock
+        self.expiry_grace_s = expiry_grace_s
         self._lock = threading.Lock()
 
     def now(self) -> int:
@@ -99,10 +101,12 @@ class AdminService:
     def expire_due(self, actor: str = "allmende-expiry") -> Outcome:
         """Expire every allocation whose period has ended: unused units are forfeited or rolled over."""
         now = self.now()
+        if self.writer is not None and not self.writer.caught_up.is_set():
+            return Outcome((), ())  # usage of the ended period may still be on its way
         state = self.state()
         events: list[AdminEvent] = []
         for a in sorted(state.allocations.values(), key=lambda x: x.allocation_id):
-            if a.expired or a.end > now:
+            if a.expired or a.end + self.expiry_grace_s > now:
                 continue
             unused = max(0, a.allocated_units - self._charged_by(state)(a))
             events.append(

@@ -20,3 +20,12 @@ def test_the_job_event_schema_names_every_event_type() -> None:
     assert set(schema["discriminator"]["mapping"]) == {
         "JobSubmitted", "JobStarted", "JobUsageSample", "JobPreempted", "JobFinished",
     }  # fmt: skip
+
+
+def test_the_admin_event_schema_names_every_admin_event_type() -> None:
+    import json
+
+    from schemas.admin_events import ADMIN_EVENT_TYPES
+
+    schema = json.loads(rendered()["admin-event.schema.json"])
+    assert set(schema["discriminator"]["mapping"]) == {m.__name__ for m in ADMIN_EVENT_TYPES}

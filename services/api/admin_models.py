@@ -162,7 +162,6 @@ class AllocationBalanceOut(BaseModel):
     charged_units: int
     held_units: int
     remaining_units: int
-    gpu_seconds: int
 
     @classmethod
     def of(cls, line: AllocationBalance) -> AllocationBalanceOut:
@@ -177,7 +176,6 @@ class AllocationBalanceOut(BaseModel):
             forfeited_gpu_hours=units_to_hours(a.forfeited_units),
             allocated_units=line.allocated_units, charged_units=line.charged_units,
             held_units=line.held_units, remaining_units=line.remaining_units,
-            gpu_seconds=line.charged_gpu_seconds,
         )  # fmt: skip
 
 
@@ -186,10 +184,11 @@ class BalanceOut(BaseModel):
     as_of: int
     allocations: list[AllocationBalanceOut]
     over_budget_gpu_hours: Decimal = Field(
-        description="charges no allocation covers: recorded, never dropped"
+        description="charges no allocation paid for: recorded, never dropped"
     )
     over_budget_units: int
-    over_budget_gpu_seconds: int
+    unallocated_units: int = Field(description="charges no allocation covers (period, cluster, GPU type)")
+    overspent_units: int = Field(description="charges the covering allocations had no room left for")
     total_charged_gpu_hours: Decimal
     total_charged_units: int
     total_gpu_seconds: int
@@ -201,9 +200,9 @@ class BalanceOut(BaseModel):
         ]
         return cls(
             project=balance.project, as_of=balance.as_of, allocations=lines,
-            over_budget_gpu_hours=units_to_hours(balance.unallocated_units),
-            over_budget_units=balance.unallocated_units,
-            over_budget_gpu_seconds=balance.unallocated_gpu_seconds,
+            over_budget_gpu_hours=units_to_hours(balance.over_budget_units),
+            over_budget_units=balance.over_budget_units, unallocated_units=balance.unallocated_units,
+            overspent_units=balance.overspent_units,
             total_charged_gpu_hours=units_to_hours(balance.total_charged_units),
             total_charged_units=balance.total_charged_units, total_gpu_seconds=balance.total_gpu_seconds,
         )  # fmt: skip

@@ -63,7 +63,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # One admin log for both: a policy the API publishes is the writer's next price list.
             app.state.writer = LedgerWriter(s, app.state.store, admin_log=admin_log)
             app.state.writer.start()
-        app.state.admin = AdminService(admin_log, app.state.store, app.state.writer)
+        app.state.admin = AdminService(
+            admin_log, app.state.store, app.state.writer, expiry_grace_s=s.expiry_grace_s
+        )
         await run_in_threadpool(admin_log.catch_up)
         expiry = asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))
         log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)

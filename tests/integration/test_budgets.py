@@ -6,10 +6,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from kafka import KafkaProducer
 
 from allmende.settings import Settings
 from domain.allocations import UNITS_PER_GPU_HOUR
 from domain.charging import CHARGE_UNITS_PER_GPU_SECOND
+from domain.metering import JobMeter
 from schemas.admin_events import parse_admin_event
 from schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted, JobUsageSample
 from services.ledger_store import LedgerStore
@@ -182,7 +184,6 @@ def test_an_agreement_that_would_overbook_a_cluster_is_refused_naming_the_confli
 
 
 def test_charges_follow_the_policy_in_force_at_the_time_of_use(settings: Settings, tmp_path: Path) -> None:
-    store = LedgerStore.__new__(LedgerStore)
     t0 = Q1_2027 + 3 * 86_400
     change = t0 + 1800
     with running_api(settings, NOW) as (api, _):
@@ -232,3 +233,106 @@ def test_charges_follow_the_policy_in_force_at_the_time_of_use(settings: Setting
         late = {**dearer, "policy_id": "prices-retro", "effective_from": t0 + 600}
         refused = api.post("/v1/admin/policies", json=late, headers=ADMIN)
         assert refused.status_code == 409 and refused.json()["code"] == "retroactive-policy"
+
+
+def _tagged(settings: Settings, tag: str, tmp_path: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "clickhouse_database": tag, "topic_prefix": tag, "meter_app_id": f"{tag}-meter",
+            "meter_data_dir": tmp_path / tag, "writer_group": f"{tag}-writer",
+        }
+    )  # fmt: skip
+
+
+def _meter_all(
+    settings: Settings, events: list[JobEvent], logs: Path, store: LedgerStore, project: str
+) -> None:
+    """Meter `events` with a real worker and wait until the ledger holds all their GPU time."""
+    meter = MeterWorker(settings, logs)
+    try:
+        meter.wait_ready()
+        send_events(settings, events)
+        meters: dict[str, JobMeter] = {}
+        for e in events:
+            meters.setdefault(e.job_id, JobMeter(e.job_id)).apply(e)
+        want = sum(m.gpu_seconds() for m in meters.values())
+        wait_until(lambda: store.project_charges(project, 2**40)[1] == want, 90, f"{want} GPU-s posted")
+    finally:
+        meter.kill()
+
+
+def test_the_balance_as_of_a_past_instant_equals_a_replay_of_the_events_up_to_then(
+    settings: Settings, tmp_path: Path
+) -> None:
+    day = 86_400
+    jobs = [
+        *_run("job-a", "olmo-ft", start=Q1_2027 + 2 * day, end=Q1_2027 + 2 * day + 7200),
+        *_run("job-b", "olmo-ft", start=Q1_2027 + 3 * day, end=Q1_2027 + 3 * day + 3600, gpus=2,
+              cluster="b300-a", gpu_type="B300"),
+        *_run("job-c", "olmo-ft", start=Q1_2027 + 6 * day, end=Q1_2027 + 6 * day + 7200),
+    ]  # fmt: skip
+    x = Q1_2027 + 4 * day + 12 * 3600
+    jobs += _run("job-d", "olmo-ft", start=x - 1800, end=x + 1800, gpus=8)  # runs across the instant
+    full = _tagged(settings, f"{settings.topic_prefix}a", tmp_path)
+    with running_api(full, Q1_2027 + day) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        clock.now = Q1_2027 + 4 * day
+        adjust = {"delta_gpu_hours": "-100", "reason": "returned to the pool"}
+        ok(api.post("/v1/admin/allocations/olmo-ft/2027-Q1/adjustments", json=adjust, headers=ADMIN))
+        _meter_all(full, jobs, tmp_path / "logs-a", api.app.state.store, "olmo-ft")  # type: ignore[attr-defined]
+        clock.now = Q1_2027 + 7 * day
+        move = {"from_allocation": "olmo-ft/2027-Q1", "to_allocation": "vision/2027-Q1", "gpu_hours": "5"}
+        ok(api.post("/v1/admin/transfers", json=move, headers=ADMIN))
+        as_of_x = ok(api.get("/v1/projects/olmo-ft/balance", params={"as_of": x}, headers=ADMIN))
+        now = ok(api.get("/v1/projects/olmo-ft/balance", headers=ADMIN))
+        admin_log = read_topic(full, full.admin_events_topic, 100, 5)
+
+    replayed = _tagged(settings, f"{settings.topic_prefix}b", tmp_path)
+    with running_api(replayed, x) as (api, _):
+        up_to_x = [raw for raw in admin_log if parse_admin_event(raw).occurred_at <= x]
+        producer = KafkaProducer(bootstrap_servers=replayed.kafka_bootstrap_servers, acks="all")
+        for raw in up_to_x:
+            producer.send(replayed.admin_events_topic, value=raw, partition=0)
+        producer.flush()
+        producer.close()
+        _meter_all(replayed, [e for e in jobs if e.occurred_at <= x], tmp_path / "logs-b",
+                   api.app.state.store, "olmo-ft")  # type: ignore[attr-defined]  # fmt: skip
+        rebuilt = ok(api.get("/v1/projects/olmo-ft/balance", headers=ADMIN))
+
+    assert rebuilt == as_of_x
+    assert 0 < as_of_x["total_charged_units"] < now["total_charged_units"]  # the instant cut something off
+    assert (
+        _line(as_of_x, "olmo-ft/2027-Q1")["allocated_units"] == 900 * UNITS_PER_GPU_HOUR
+    )  # adjusted, not moved
+    assert _line(now, "olmo-ft/2027-Q1")["allocated_units"] == 895 * UNITS_PER_GPU_HOUR
+
+
+def test_allocations_expire_after_their_period_forfeiting_or_rolling_over_what_is_unused(
+    settings: Settings, tmp_path: Path
+) -> None:
+    vision = "{project: vision, gpu_hours: 500"
+    text = plan_text(QUARTER_PLAN).replace(vision + "}", vision + ", rollover: true}")
+    q2 = Q1_2027 + 90 * 86_400
+    with running_api(settings, NOW) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": text}, headers=ADMIN))
+        _meter_all(settings, _run("job-a", "olmo-ft", start=NOW - 7200, end=NOW), tmp_path / "logs",
+                   api.app.state.store, "olmo-ft")  # type: ignore[attr-defined]  # fmt: skip
+        wait_until(lambda: api.get("/healthz").json()["writer_caught_up"], 30, "writer caught up")
+
+        clock.now = q2 + 3600  # ended, but within the grace for late usage
+        assert ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"] == []
+        clock.now = q2 + 2 * 86_400
+        expired = ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"]
+        assert {e["data"]["allocation_id"] for e in expired} == {
+            "olmo-ft/2027-Q1", "olmo-ft/2027-Q1/b300-a", "vision/2027-Q1",
+        }  # fmt: skip
+        assert ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"] == []  # once
+
+        olmo = _line(ok(api.get("/v1/projects/olmo-ft/balance", headers=ADMIN)), "olmo-ft/2027-Q1")
+        charged = 4 * 7200 * CHARGE_UNITS_PER_GPU_SECOND
+        assert olmo["expired"] and olmo["charged_units"] == charged and olmo["remaining_units"] == 0
+        assert Decimal(olmo["forfeited_gpu_hours"]) == Decimal(1000) - Decimal(8)  # type: ignore[arg-type]
+        rolled = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
+        successor = _line(rolled, "vision/2027-Q1+rollover")
+        assert successor["period"] == "2027-Q2" and successor["allocated_units"] == 500 * UNITS_PER_GPU_HOUR
+        assert Decimal(_line(rolled, "vision/2027-Q1")["forfeited_gpu_hours"]) == 0  # type: ignore[arg-type]
