@@ -18,8 +18,10 @@ router = APIRouter(prefix="/v1", tags=["balances"])
 ERRORS: dict[int | str, dict[str, object]] = {code: {"model": RejectionBody} for code in (401, 403, 404, 422)}
 
 
-def _may_read(state: AdminState, caller: Principal, project: str) -> None:
-    if project not in state.nodes or state.nodes[project].kind != "project":
+def _may_read(state: AdminState, caller: Principal, project: str, has_usage: bool = False) -> None:
+    declared = project in state.nodes and state.nodes[project].kind == "project"
+    # Usage of an undeclared project is over budget, not lost: admins see it as such.
+    if not declared and not (has_usage and caller.role == "admin"):
         raise HTTPException(404, f"no project {project!r}")
     if caller.role != "admin" and caller.name not in state.leads_of(project):
         raise HTTPException(403, f"{caller.name} does not lead {project} (nor a group above it)")
@@ -50,7 +52,7 @@ async def balance(
 
     def read() -> BalanceOut:
         state = service.state()
-        _may_read(state, caller, project)
+        _may_read(state, caller, project, has_usage=service.store.project_days(project) is not None)
         return BalanceOut.of(service.balance(project, at, state), period)
 
     return await run_in_threadpool(read)

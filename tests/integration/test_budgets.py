@@ -336,3 +336,21 @@ def test_allocations_expire_after_their_period_forfeiting_or_rolling_over_what_i
         successor = _line(rolled, "vision/2027-Q1+rollover")
         assert successor["period"] == "2027-Q2" and successor["allocated_units"] == 500 * UNITS_PER_GPU_HOUR
         assert Decimal(_line(rolled, "vision/2027-Q1")["forfeited_gpu_hours"]) == 0  # type: ignore[arg-type]
+
+
+def test_usage_of_a_project_without_a_budget_is_shown_as_over_budget(
+    settings: Settings, tmp_path: Path
+) -> None:
+    with running_api(settings, NOW) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        _meter_all(settings, _run("job-x", "stealth", start=NOW - 3600, end=NOW), tmp_path / "logs",
+                   api.app.state.store, "stealth")  # type: ignore[attr-defined]  # fmt: skip
+        balance = ok(api.get("/v1/projects/stealth/balance", headers=ADMIN))
+        assert balance["allocations"] == []
+        assert (
+            balance["over_budget_units"]
+            == balance["unallocated_units"]
+            == 4 * 3600 * CHARGE_UNITS_PER_GPU_SECOND
+        )
+        assert api.get("/v1/projects/stealth/balance", headers=ALICE).status_code == 404
+        assert api.get("/v1/projects/nobody/balance", headers=ADMIN).status_code == 404
