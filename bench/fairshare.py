@@ -1,0 +1,149 @@
+"""Fair-share benchmark: full recompute and one incremental update on a large association tree.
+
+Builds a tree of `--depth` levels below the root with `--leaves` leaves (accounts fan out evenly,
+leaves are dealt round-robin to the deepest accounts), random raw shares and usage from a fixed
+seed, then times with time.perf_counter_ns:
+
+  full         classic_fairshare / fair_tree_fairshare over the whole tree (targets: 50 ms)
+  incremental  FairShareState.add_usage on a random leaf, then factor() of that leaf (target: 1 ms)
+  naive        the same event followed by a full recompute (FairShareState.result()): the baseline
+               the incremental path is compared with, measured in the same run
+
+    .venv/bin/python bench/fairshare.py [--leaves 10000] [--depth 5] [--repeat 200] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from domain.fairshare import (  # noqa: E402
+    PARENT,
+    Algorithm,
+    FairShareState,
+    ShareNode,
+    Shares,
+    ShareTree,
+    classic_fairshare,
+    fair_tree_fairshare,
+)
+
+FULL_TARGET_MS = 50.0
+INCREMENTAL_TARGET_MS = 1.0
+HOUR = 3600
+
+
+def build_tree(leaves: int, depth: int, rng: random.Random) -> tuple[ShareTree, list[str]]:
+    """Accounts on levels 1..depth-1, each fanning out `fanout` ways; leaves on level `depth`."""
+    fanout = max(1, round(leaves ** (1 / depth)))
+    nodes: list[ShareNode] = []
+    level = ["root"]
+    for d in range(1, depth):
+        below = [f"a{d}-{k}" for k in range(len(level) * fanout)]
+        nodes += [ShareNode(name, level[k // fanout], rng.randint(1, 100)) for k, name in enumerate(below)]
+        level = below
+    names = [f"u{k}" for k in range(leaves)]
+    # Mostly positive shares, 1% with 0 (no effective share) and 1% with "parent".
+    for k, name in enumerate(names):
+        roll = rng.random()
+        shares: Shares = 0 if roll < 0.01 else PARENT if roll < 0.02 else rng.randint(1, 10)
+        nodes.append(ShareNode(name, level[k % len(level)], shares))
+    return ShareTree(nodes), names
+
+
+def percentile(samples_ns: list[int], fraction: float) -> float:
+    ordered = sorted(samples_ns)
+    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)] / 1e6
+
+
+def timed(repeat: int, action: Callable[[], object]) -> tuple[float, float]:
+    """Median and p99 in milliseconds over `repeat` runs (after one warm-up run)."""
+    action()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        action()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e6, percentile(samples, 0.99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--leaves", type=int, default=10_000, help="number of leaves (default 10000)")
+    parser.add_argument("--depth", type=int, default=5, help="levels below the root (default 5)")
+    parser.add_argument("--repeat", type=int, default=200, help="timed repetitions per figure (default 200)")
+    parser.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    args = parser.parse_args()
+    if args.leaves < 1 or args.depth < 1 or args.repeat < 1:
+        parser.error("--leaves, --depth and --repeat must be at least 1")
+
+    rng = random.Random(args.seed)
+    tree, leaves = build_tree(args.leaves, args.depth, rng)
+    usage = {leaf: rng.choice([0.0, rng.uniform(0, 5e6)]) for leaf in leaves}
+    t0 = 1_700_000_000
+    print(
+        f"tree: {len(tree)} nodes, {len(leaves)} leaves, depth {args.depth}, "
+        f"{sum(1 for v in usage.values() if v)} leaves with usage; repeat {args.repeat}, seed {args.seed}"
+    )
+
+    rows: list[tuple[str, float, float, float]] = []
+    full_median: dict[Algorithm, float] = {}
+    for algorithm, compute in (
+        (Algorithm.CLASSIC, classic_fairshare),
+        (Algorithm.FAIR_TREE, fair_tree_fairshare),
+    ):
+        median, p99 = timed(args.repeat, functools.partial(compute, tree, usage))
+        full_median[algorithm] = median
+        rows.append((f"full recompute, {algorithm}", median, p99, FULL_TARGET_MS))
+
+    ratios: list[str] = []
+    for algorithm in Algorithm:
+        state = FairShareState(tree, algorithm)
+        for leaf, amount in usage.items():
+            state.add_usage(leaf, amount, t0 - rng.randrange(14 * 24 * HOUR))
+        clock = [t0]
+
+        def one_event(state: FairShareState = state, clock: list[int] = clock, full: bool = False) -> float:
+            """One usage event on a random leaf, then that leaf's factor (or a full recompute)."""
+            clock[0] += rng.randrange(1, 60)
+            leaf = rng.choice(leaves)
+            state.add_usage(leaf, rng.uniform(0, 8 * HOUR), clock[0])
+            if full:
+                return state.result().factor(leaf)
+            return state.factor(leaf)
+
+        median, p99 = timed(args.repeat, one_event)
+        naive = functools.partial(one_event, state, clock, True)
+        naive_median, naive_p99 = timed(max(1, args.repeat // 4), naive)
+        rows.append((f"incremental update + factor, {algorithm}", median, p99, INCREMENTAL_TARGET_MS))
+        rows.append((f"naive update + full recompute, {algorithm}", naive_median, naive_p99, math.nan))
+        ratios.append(
+            f"{algorithm}: incremental / naive = {median / naive_median:.4f} "
+            f"({naive_median / median:.0f}x faster); "
+            f"incremental / full = {median / full_median[algorithm]:.4f}"
+        )
+
+    width = max(len(name) for name, *_ in rows)
+    print(f"{'figure':<{width}}  {'median ms':>10}  {'p99 ms':>10}  {'target ms':>10}  met")
+    for name, median, p99, target in rows:
+        verdict = "-" if math.isnan(target) else ("yes" if p99 <= target else "NO")
+        target_text = "-" if math.isnan(target) else f"{target:.1f}"
+        print(f"{name:<{width}}  {median:>10.3f}  {p99:>10.3f}  {target_text:>10}  {verdict}")
+    for line in ratios:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

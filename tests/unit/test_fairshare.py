@@ -1,0 +1,624 @@
+"""Fair share: Slurm's classic and Fair Tree factors, decayed usage, and the incremental state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain.fairshare import (
+    Algorithm,
+    DecayedUsage,
+    FairShareResult,
+    FairShareState,
+    ShareNode,
+    Shares,
+    ShareTree,
+    ShareTreeInvalid,
+    UsageInvalid,
+    aggregate_usage,
+    classic_fairshare,
+    compute_fairshare,
+    decay_factor,
+    fair_tree_fairshare,
+)
+
+PROPERTY = settings(max_examples=200, deadline=None, database=None)
+HOUR = 3600
+DAY = 86_400
+WEEK = 7 * DAY
+T0 = 1_700_000_000
+
+
+def tree_of(*edges: tuple[str, str, Shares]) -> ShareTree:
+    """A tree from (node, parent, shares) triples."""
+    return ShareTree(ShareNode(node, parent, shares) for node, parent, shares in edges)
+
+
+def leaves_below(tree: ShareTree, node: str) -> list[str]:
+    if tree.is_leaf(node):
+        return [node]
+    return [leaf for child in tree.children(node) for leaf in leaves_below(tree, child)]
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: tree_of(("a", "root", 1), ("a", "root", 2)), "appears twice"),
+        (lambda: tree_of(("a", "nowhere", 1)), "unknown parent"),
+        (lambda: tree_of(("a", "b", 1), ("b", "a", 1)), "do not lead to the root"),
+        (lambda: ShareNode("a", "root", -1), "shares are an integer"),
+        (lambda: ShareNode("a", "root", True), "shares are an integer"),
+        (lambda: ShareNode("a", "root", "Parent"), "shares are an integer"),  # type: ignore[arg-type]
+        (lambda: ShareNode("a", "root", 2**32), "shares are an integer"),
+        (lambda: ShareNode("", "root", 1), "non-empty string"),
+        (lambda: ShareNode("root", "a", 1), "the root has no parent"),
+        (lambda: ShareNode("a", None, 1), "needs a parent id"),
+        (lambda: ShareNode("a", "a", 1), "its own parent"),
+    ],
+    ids=[
+        "a duplicate id is refused",
+        "an unknown parent is refused",
+        "a cycle is refused",
+        "negative shares are refused",
+        "a bool as shares is refused",
+        "a misspelt 'parent' is refused",
+        "shares beyond Slurm's uint32 are refused",
+        "an empty id is refused",
+        "a root with a parent is refused",
+        "a node without a parent is refused",
+        "a node that is its own parent is refused",
+    ],
+)
+def test_invalid_trees_are_refused_with_a_reason(build: object, message: str) -> None:
+    with pytest.raises(ShareTreeInvalid, match=message):
+        build()  # type: ignore[operator]
+
+
+SMALL = tree_of(("acct", "root", 1), ("alice", "acct", 1))
+
+
+@pytest.mark.parametrize(
+    ("usage", "message"),
+    [
+        ({"acct": 1.0}, "usage is charged to leaves"),
+        ({"root": 1.0}, "usage is charged to leaves"),
+        ({"bob": 1.0}, "no node 'bob'"),
+        ({"alice": -1.0}, "from 0 to"),
+        ({"alice": math.nan}, "from 0 to"),
+        ({"alice": math.inf}, "from 0 to"),
+        ({"alice": True}, "from 0 to"),
+    ],
+    ids=[
+        "usage on an account is refused",
+        "usage on the root is refused",
+        "usage on an unknown node is refused",
+        "negative usage is refused",
+        "NaN usage is refused",
+        "infinite usage is refused",
+        "a bool as usage is refused",
+    ],
+)
+def test_invalid_usage_is_refused_with_a_reason(usage: dict[str, float], message: str) -> None:
+    with pytest.raises(UsageInvalid, match=message):
+        classic_fairshare(SMALL, usage)
+
+
+def test_an_explicit_root_is_the_same_as_an_implied_one() -> None:
+    explicit = ShareTree(
+        [ShareNode("root", None, 5), ShareNode("acct", "root", 1), ShareNode("alice", "acct")]
+    )
+    assert explicit.ids == SMALL.ids == ("root", "acct", "alice")
+    assert explicit.parent("alice") == "acct" and explicit.parent("root") is None
+    assert explicit.depth("alice") == 2 and explicit.leaves == ("alice",)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: DecayedUsage(half_life=-1), "half-life"),
+        (lambda: DecayedUsage(half_life=1.5), "half-life"),  # type: ignore[arg-type]
+        (lambda: DecayedUsage().add(1.0, 1.5), "UTC Unix seconds"),  # type: ignore[arg-type]
+        (lambda: DecayedUsage(resets=[True]), "UTC Unix seconds"),
+        (lambda: FairShareState(SMALL).add_usage("acct", 1.0, 0), "usage is charged to leaves"),
+    ],
+    ids=[
+        "a negative half-life is refused",
+        "a fractional half-life is refused",
+        "a fractional time is refused",
+        "a bool as a reset instant is refused",
+        "usage on an account of a live state is refused",
+    ],
+)
+def test_invalid_decay_settings_and_times_are_refused(build: object, message: str) -> None:
+    with pytest.raises(UsageInvalid, match=message):
+        build()  # type: ignore[operator]
+
+
+# -- classic: the worked example -----------------------------------------------------------------
+
+# /work/shared/reference/fairshare-classic-example.md (Slurm's classic_fair_share.html). Its usage
+# fractions (0.20 + 0.25 + 0.25) leave 0.30 of the machine's usage to associations outside the
+# example; a sibling with 0 shares carries it, which changes no share ratio.
+EXAMPLE = tree_of(
+    ("A", "root", 40),
+    ("B", "A", 30),
+    ("User1", "B", 1),
+    ("C", "A", 10),
+    ("User2", "C", 1),
+    ("User3", "C", 1),
+    ("D", "root", 60),
+    ("E", "D", 25),
+    ("User4", "E", 1),
+    ("F", "D", 35),
+    ("User5", "F", 1),
+    ("elsewhere", "root", 0),
+)
+WHOLE = 1_000_000.0  # GPU-seconds; the factors depend on the fractions only
+EXAMPLE_USAGE = {
+    "User1": 0.20 * WHOLE,
+    "User2": 0.25 * WHOLE,
+    "User3": 0.0,
+    "User4": 0.25 * WHOLE,
+    "User5": 0.0,
+    "elsewhere": 0.30 * WHOLE,
+}
+
+# node: (normalised shares S, effective usage U_E, factor), as documented
+EXAMPLE_EXPECTED = {
+    "A": (0.4, 0.45, 0.458502),
+    "B": (0.3, 0.3875, 0.408479),
+    "C": (0.1, 0.3, 0.125000),
+    "D": (0.6, 0.25, 0.749154),
+    "E": (0.25, 0.25, 0.500000),
+    "F": (0.35, 0.145833, 0.749154),
+    "User1": (0.3, 0.3875, 0.408479),
+    "User2": (0.05, 0.275, 0.022097),
+    "User3": (0.05, 0.15, 0.125000),
+    "User4": (0.25, 0.25, 0.500000),
+    "User5": (0.35, 0.145833, 0.749154),
+}
+
+
+def example_state(algorithm: Algorithm) -> FairShareState:
+    state = FairShareState(EXAMPLE, algorithm, half_life=0)
+    for leaf, amount in EXAMPLE_USAGE.items():
+        state.add_usage(leaf, amount, T0)
+    return state
+
+
+@pytest.mark.parametrize("node", sorted(EXAMPLE_EXPECTED))
+def test_the_classic_worked_example_is_reproduced_to_six_decimals(node: str) -> None:
+    shares, effective, factor = EXAMPLE_EXPECTED[node]
+    row = classic_fairshare(EXAMPLE, EXAMPLE_USAGE).row(node)
+    assert round(row.norm_shares, 6) == shares
+    assert round(row.effective_usage, 6) == effective
+    assert round(row.factor, 6) == factor
+
+
+@pytest.mark.parametrize("node", sorted(EXAMPLE_EXPECTED))
+def test_the_incremental_classic_state_reproduces_the_worked_example(node: str) -> None:
+    assert round(example_state(Algorithm.CLASSIC).factor(node), 6) == EXAMPLE_EXPECTED[node][2]
+
+
+def test_the_classic_example_normalises_usage_by_the_roots_total() -> None:
+    result = classic_fairshare(EXAMPLE, EXAMPLE_USAGE)
+    assert result.row("A").norm_usage == pytest.approx(0.45)
+    assert result.row("A").raw_usage == pytest.approx(0.45 * WHOLE)
+    assert result.row("root").raw_usage == pytest.approx(WHOLE)
+    assert result.factor("elsewhere") == 0.0  # no shares, factor 0, whatever its usage
+
+
+# -- classic: edge cases -------------------------------------------------------------------------
+
+
+def test_classic_gives_every_node_with_shares_factor_one_when_nobody_has_used_anything() -> None:
+    result = classic_fairshare(EXAMPLE, {})
+    assert {node: result.factor(node) for node in EXAMPLE_EXPECTED} == dict.fromkeys(EXAMPLE_EXPECTED, 1.0)
+    assert result.factor("elsewhere") == 0.0
+
+
+def test_classic_gives_zero_to_a_node_without_shares_and_to_everything_below_it() -> None:
+    tree = tree_of(("A", "root", 1), ("a1", "A", 0), ("a2", "A", 1), ("Z", "root", 0), ("z1", "Z", 5))
+    result = classic_fairshare(tree, {"a2": 10.0})
+    assert (result.factor("a1"), result.factor("Z"), result.factor("z1")) == (0.0, 0.0, 0.0)
+    assert result.factor("a2") > 0
+
+
+def test_classic_gives_a_parent_shares_leaf_its_parents_factor() -> None:
+    tree = tree_of(("A", "root", 1), ("p", "A", "parent"), ("a1", "A", 1), ("B", "root", 1), ("b1", "B", 1))
+    result = classic_fairshare(tree, {"p": 4.0, "a1": 1.0, "b1": 2.0})
+    assert result.factor("p") == result.factor("A")
+    assert result.row("p").effective_usage == result.row("A").effective_usage
+    assert result.row("p").norm_shares == result.row("A").norm_shares
+
+
+# -- "parent" accounts are transparent in both algorithms -----------------------------------------
+
+WITH_PARENT_ACCOUNT = tree_of(
+    ("A", "root", 2),
+    ("P", "A", "parent"),
+    ("x", "P", 1),
+    ("y", "P", 3),
+    ("z", "A", 1),
+    ("B", "root", 1),
+    ("w", "B", 1),
+)
+FLATTENED = tree_of(
+    ("A", "root", 2), ("x", "A", 1), ("y", "A", 3), ("z", "A", 1), ("B", "root", 1), ("w", "B", 1)
+)
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_the_children_of_a_parent_shares_account_compete_as_if_it_were_not_there(
+    algorithm: Algorithm,
+) -> None:
+    usage = {"x": 5.0, "y": 1.0, "z": 7.0, "w": 3.0}
+    nested = compute_fairshare(WITH_PARENT_ACCOUNT, usage, algorithm)
+    flat = compute_fairshare(FLATTENED, usage, algorithm)
+    assert {leaf: nested.factor(leaf) for leaf in "xyzw"} == {leaf: flat.factor(leaf) for leaf in "xyzw"}
+    assert nested.factor("P") == nested.factor("A")
+    assert nested.row("P").raw_shares == "parent"
+    assert nested.row("P").raw_usage == pytest.approx(6.0)
+
+
+# -- Fair Tree -----------------------------------------------------------------------------------
+
+
+def test_fair_tree_ranks_every_user_of_the_better_served_account_above_the_other_accounts_users() -> None:
+    # Level A: S = 0.5, U = 40/100 -> LF 1.25; B: S = 0.5, U = 60/100 -> LF 0.83. So A's users come
+    # first, even though b2 has used nothing (LF infinite within B): Fair Tree compares accounts
+    # before users. Within A: a1 LF 0.5/0.25 = 2 beats a2 0.5/0.75; within B, b2 beats b1.
+    tree = tree_of(
+        ("A", "root", 50), ("a1", "A", 1), ("a2", "A", 1), ("B", "root", 50), ("b1", "B", 1), ("b2", "B", 1)
+    )
+    result = fair_tree_fairshare(tree, {"a1": 10.0, "a2": 30.0, "b1": 60.0})
+    assert [row.node_id for row in result.ranked()] == ["a1", "a2", "b2", "b1"]
+    assert [row.factor for row in result.ranked()] == [1.0, 0.75, 0.5, 0.25]
+    assert result.row("A").level_fs == pytest.approx(1.25)
+    assert result.row("b2").level_fs == math.inf
+    # Classic, for contrast, lets b2 (U_E 0.3, factor 2^-1.2) overtake a2 (U_E 0.35, 2^-1.4).
+    classic = classic_fairshare(tree, {"a1": 10.0, "a2": 30.0, "b1": 60.0})
+    assert [row.node_id for row in classic.ranked()] == ["a1", "b2", "a2", "b1"]
+
+
+def test_fair_tree_gives_tied_sibling_users_the_same_rank_and_counts_them_below() -> None:
+    # B has no usage (LF infinite) so b1 is first. In A, a1 and a2 have the same shares and usage,
+    # so the same LF: they share rank 3 of 4; a3 gets rank 1, not 2, as ranks count every user.
+    tree = tree_of(
+        ("A", "root", 1), ("a1", "A", 1), ("a2", "A", 1), ("a3", "A", 1), ("B", "root", 1), ("b1", "B", 1)
+    )
+    result = fair_tree_fairshare(tree, {"a1": 10.0, "a2": 10.0, "a3": 30.0})
+    assert (result.factor("b1"), result.factor("a1"), result.factor("a2"), result.factor("a3")) == (
+        1.0,
+        0.75,
+        0.75,
+        0.25,
+    )
+
+
+def test_fair_tree_merges_tied_sibling_accounts_and_sorts_their_users_together() -> None:
+    # A and B have equal shares and equal usage (40 each): tied, so their users are sorted as one
+    # account: a2 (LF 0.5/0.25 = 2) first, b1 and b2 (LF 1, tied) next, a1 (LF 0.67) last. Taken
+    # one account after the other, a1 would have come second.
+    tree = tree_of(
+        ("A", "root", 1), ("a1", "A", 1), ("a2", "A", 1), ("B", "root", 1), ("b1", "B", 1), ("b2", "B", 1)
+    )
+    result = fair_tree_fairshare(tree, {"a1": 30.0, "a2": 10.0, "b1": 20.0, "b2": 20.0})
+    assert result.factor_map() == {
+        "root": 1.0,
+        "A": 1.0,
+        "a1": 0.25,
+        "a2": 1.0,
+        "B": 1.0,
+        "b1": 0.75,
+        "b2": 0.75,
+    }
+
+
+def test_fair_tree_gives_a_user_tied_with_a_sibling_account_the_rank_of_that_accounts_first_user() -> None:
+    # u and A both have S 0.5 and U 0.5: tied. u sorts first (users before accounts) with rank 3;
+    # A's first user, a2 (no usage), shares it; a1 then gets rank 1.
+    tree = tree_of(("u", "root", 1), ("A", "root", 1), ("a1", "A", 1), ("a2", "A", 1))
+    result = fair_tree_fairshare(tree, {"u": 10.0, "a1": 10.0})
+    assert (result.factor("u"), result.factor("a2"), result.factor("a1")) == pytest.approx((1.0, 1.0, 1 / 3))
+
+
+def test_fair_tree_gives_zero_to_a_leaf_without_shares_without_pushing_anyone_down() -> None:
+    # A is better served than B (LF 1.5 against 0.75), so a1 is first. a0 has no shares: factor 0,
+    # and it takes no rank number, so b1 gets rank 2 of the 3 leaves (2/3) rather than rank 1.
+    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("a1", "A", 1), ("B", "root", 1), ("b1", "B", 1))
+    result = fair_tree_fairshare(tree, {"a1": 5.0, "b1": 10.0})
+    assert result.factor("a0") == 0.0
+    assert result.row("a0").level_fs == 0.0
+    assert (result.factor("a1"), result.factor("b1")) == pytest.approx((1.0, 2 / 3))
+    assert [row.node_id for row in result.ranked()][-1] == "a0"
+
+
+def test_fair_tree_gives_zero_to_every_leaf_below_an_account_without_shares() -> None:
+    tree = tree_of(("A", "root", 1), ("a1", "A", 1), ("Z", "root", 0), ("z1", "Z", 1), ("z2", "Z", 3))
+    result = fair_tree_fairshare(tree, {"a1": 5.0})
+    assert (result.factor("Z"), result.factor("z1"), result.factor("z2")) == (0.0, 0.0, 0.0)
+    assert result.factor("a1") == 1.0
+
+
+def test_fair_tree_ranks_a_parent_shares_leaf_at_the_top_of_its_parent_which_is_the_parents_factor() -> None:
+    # B is far better served (LF 13 against 0.52), so b1 is first. In A, p ("parent") has an
+    # infinite LF as in Slurm, tied with a1, which has no usage; a2 comes last.
+    tree = tree_of(
+        ("A", "root", 1),
+        ("a1", "A", 1),
+        ("a2", "A", 1),
+        ("p", "A", "parent"),
+        ("B", "root", 1),
+        ("b1", "B", 1),
+    )
+    result = fair_tree_fairshare(tree, {"p": 5.0, "a2": 20.0, "b1": 1.0})
+    assert result.factor("b1") == 1.0
+    assert result.factor("p") == result.factor("A") == result.factor("a1") == 0.75
+    assert result.factor("a2") == 0.25
+    assert result.row("p").level_fs == math.inf
+
+
+def test_fair_tree_ties_everyone_at_the_top_when_nobody_has_used_anything() -> None:
+    result = fair_tree_fairshare(EXAMPLE, {})
+    assert {row.node_id: row.factor for row in result.ranked()} == {
+        **dict.fromkeys(["User1", "User2", "User3", "User4", "User5"], 1.0),
+        "elsewhere": 0.0,
+    }
+
+
+def test_fair_tree_on_the_classic_example_follows_the_level_fair_shares() -> None:
+    # D (LF 0.6/0.25 = 2.4) beats A (0.4/0.45 = 0.89): D's users first, F's User5 (no usage) on top.
+    result = fair_tree_fairshare(EXAMPLE, EXAMPLE_USAGE)
+    assert [row.node_id for row in result.ranked()] == [
+        "User5",
+        "User4",
+        "User1",
+        "User3",
+        "User2",
+        "elsewhere",
+    ]
+    assert result.factor("User5") == 1.0 and result.factor("elsewhere") == 0.0
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+def test_rows_come_in_sshare_order_with_parents_and_depths() -> None:
+    result = classic_fairshare(EXAMPLE, EXAMPLE_USAGE)
+    rows = result.rows()
+    assert [row.node_id for row in rows] == list(EXAMPLE.ids)
+    assert [row.node_id for row in rows][:4] == ["root", "A", "B", "User1"]
+    assert rows[3].parent_id == "B" and rows[3].depth == 3 and rows[3].is_leaf
+    assert rows[0].parent_id is None and rows[0].raw_shares == 1 and rows[0].norm_shares == 1.0
+    assert result.row("A").raw_shares == 40 and result.row("A").level_fs is None
+
+
+def test_aggregate_usage_sums_the_leaves_below_every_node() -> None:
+    usage = aggregate_usage(EXAMPLE, EXAMPLE_USAGE)
+    assert usage["A"] == 0.45 * WHOLE and usage["root"] == WHOLE and usage["User3"] == 0.0
+
+
+def test_compute_fairshare_selects_the_algorithm_by_name() -> None:
+    assert compute_fairshare(EXAMPLE, EXAMPLE_USAGE, Algorithm("classic")).algorithm is Algorithm.CLASSIC
+    assert compute_fairshare(EXAMPLE, EXAMPLE_USAGE).algorithm is Algorithm.FAIR_TREE
+
+
+# -- decayed usage -------------------------------------------------------------------------------
+
+
+def ten_gpus_for_a_day(usage: DecayedUsage, start: int) -> int:
+    """10 GPUs busy for a day, charged each minute (600 GPU-seconds); returns the end."""
+    for minute in range(1, 24 * 60 + 1):
+        usage.add(600.0, start + 60 * minute)
+    return start + DAY
+
+
+def test_usage_halves_exactly_at_every_half_life_once_the_gpus_are_idle() -> None:
+    usage = DecayedUsage(half_life=WEEK)
+    end = ten_gpus_for_a_day(usage, T0)
+    at_end = usage.value_at(end)
+    x = 2 ** (-60 / WEEK)  # a minute's decay: the day is a geometric series of 1440 charges
+    assert at_end == pytest.approx(600 * (1 - x**1440) / (1 - x), rel=1e-12)
+    assert at_end < 10 * DAY  # some decay already during the day
+    for half_lives in (1, 2, 3):
+        assert usage.value_at(end + half_lives * WEEK) == at_end / 2**half_lives
+
+
+def test_usage_between_half_lives_decays_by_the_exponential() -> None:
+    usage = DecayedUsage(half_life=WEEK)
+    usage.add(1000.0, T0)
+    assert usage.value_at(T0 + WEEK // 2) == pytest.approx(1000 / math.sqrt(2), rel=1e-15)
+    assert decay_factor(3 * WEEK, WEEK) == 0.125 and decay_factor(5, 0) == 1.0
+
+
+def test_usage_with_half_life_zero_never_decays() -> None:
+    usage = DecayedUsage(half_life=0)
+    end = ten_gpus_for_a_day(usage, T0)
+    assert usage.value_at(end) == usage.value_at(end + 52 * WEEK) == 10 * DAY
+
+
+def test_usage_resets_to_zero_at_a_period_start() -> None:
+    period = T0 + 2 * DAY
+    usage = DecayedUsage(half_life=WEEK, resets=[period])
+    ten_gpus_for_a_day(usage, T0)
+    assert usage.value_at(period - 1) > 0
+    assert usage.value_at(period) == 0.0
+    usage.add(600.0, period + 60)
+    assert usage.value_at(period + 60) == 600.0
+    assert usage.add(600.0, period - 60) is False  # late, from the period already reset
+    assert usage.value_at(period + 60) == 600.0
+
+
+def test_a_late_event_counts_exactly_as_if_it_had_arrived_in_order() -> None:
+    in_order, late = DecayedUsage(), DecayedUsage()
+    in_order.add(100.0, T0)
+    in_order.add(50.0, T0 + DAY)
+    late.add(50.0, T0 + DAY)
+    assert late.add(100.0, T0) is True
+    assert late.value_at(T0 + 2 * DAY) == in_order.value_at(T0 + 2 * DAY)
+
+
+def test_replaying_the_same_events_gives_the_same_bits() -> None:
+    events = [(600.0, T0 + 60 * k) for k in range(500)] + [(1.5, T0 + 7), (99.25, T0 + 3 * DAY)]
+    first, second = DecayedUsage(resets=[T0 + DAY]), DecayedUsage(resets=[T0 + DAY])
+    for amount, at in events:
+        first.add(amount, at)
+    for amount, at in events:
+        second.add(amount, at)
+    assert first.value_at(T0 + 4 * DAY) == second.value_at(T0 + 4 * DAY)
+
+
+def test_usage_cannot_be_read_before_its_last_update() -> None:
+    usage = DecayedUsage()
+    assert usage.value_at(T0) == 0.0
+    usage.add(1.0, T0)
+    with pytest.raises(UsageInvalid, match="cannot be read"):
+        usage.value_at(T0 - 1)
+
+
+# -- the incremental state -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_the_state_decays_usage_like_a_decayed_usage_accumulator(algorithm: Algorithm) -> None:
+    state = FairShareState(EXAMPLE, algorithm, half_life=WEEK)
+    reference = DecayedUsage(half_life=WEEK)
+    for k in range(200):
+        at = T0 + 3600 * k - (7200 if k % 10 == 0 else 0)  # some late events
+        state.add_usage("User1", 36_000.0, at)
+        reference.add(36_000.0, at)
+    end = T0 + 3600 * 200
+    assert state.usage_at("User1", end) == pytest.approx(reference.value_at(end), rel=1e-12)
+    assert state.usage_at("A", end) == state.usage_at("User1", end)
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_a_reset_in_the_state_drops_all_usage_and_late_events_from_before_it(algorithm: Algorithm) -> None:
+    period = T0 + DAY
+    state = FairShareState(EXAMPLE, algorithm, resets=[period])
+    state.add_usage("User2", 1000.0, T0)
+    assert state.factor("User2") < 1.0
+    assert state.result(period).row("User2").raw_usage == 0.0  # reading ahead does not move the clock
+    assert state.clock == T0
+    state.advance(period)
+    assert state.factor("User2") == 1.0 and state.usage_at("root") == 0.0
+    assert state.add_usage("User2", 1000.0, period - 1) is False
+    assert state.add_usage("User2", 1000.0, period) is True
+    assert state.factor("User2") < 1.0
+
+
+def test_the_state_cannot_go_back_in_time() -> None:
+    state = FairShareState(EXAMPLE)
+    state.add_usage("User1", 1.0, T0)
+    with pytest.raises(UsageInvalid, match="cannot go back"):
+        state.advance(T0 - 1)
+    with pytest.raises(UsageInvalid, match="cannot be read"):
+        state.result(T0 - 1)
+
+
+SHARE_CHOICES: list[Shares] = [0, 1, 1, 2, 3, 10, "parent"]
+SHARES = st.sampled_from(SHARE_CHOICES)
+AMOUNTS = st.one_of(st.sampled_from([0.0, 1.0, 2.0, 0.5, 3600.0]), st.floats(0, 1e7))
+
+
+@st.composite
+def trees(draw: st.DrawFn, shares: st.SearchStrategy[Shares] = SHARES) -> ShareTree:
+    """Random trees: accounts hung under earlier accounts, then leaves; some accounts stay empty."""
+    nodes, accounts = [], ["root"]
+    for k in range(draw(st.integers(0, 6))):
+        nodes.append(ShareNode(f"acct{k}", draw(st.sampled_from(accounts)), draw(shares)))
+        accounts.append(f"acct{k}")
+    for k in range(draw(st.integers(1, 12))):
+        nodes.append(ShareNode(f"user{k}", draw(st.sampled_from(accounts)), draw(shares)))
+    return ShareTree(nodes)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[ShareTree, int, list[tuple[str, float, int]]]:
+    """A tree, a half-life, and usage events (times jump around: late events, and with a
+    one-second half-life more than 256 half-lives apart, which rebases the state)."""
+    tree = draw(trees())
+    half_life = draw(st.sampled_from([0, 1, 60, HOUR, WEEK]))
+    leaf = st.sampled_from(tree.leaves)
+    events = draw(st.lists(st.tuples(leaf, AMOUNTS, st.integers(0, 2000)), max_size=25))
+    return tree, half_life, events
+
+
+@PROPERTY
+@given(histories(), st.sampled_from(list(Algorithm)))
+def test_incremental_factors_equal_a_full_recompute_after_every_event(
+    history: tuple[ShareTree, int, list[tuple[str, float, int]]], algorithm: Algorithm
+) -> None:
+    tree, half_life, events = history
+    state = FairShareState(tree, algorithm, half_life=half_life, resets=[1500])
+    for leaf, amount, at in events:
+        state.add_usage(leaf, amount, T0 + at)
+        full = state.result()
+        assert {node: state.factor(node) for node in tree.ids} == full.factor_map()
+
+
+@PROPERTY
+@given(histories(), st.sampled_from(list(Algorithm)))
+def test_replaying_the_same_events_into_a_new_state_gives_the_same_factors_and_usage(
+    history: tuple[ShareTree, int, list[tuple[str, float, int]]], algorithm: Algorithm
+) -> None:
+    tree, half_life, events = history
+    first = FairShareState(tree, algorithm, half_life=half_life)
+    second = FairShareState(tree, algorithm, half_life=half_life)
+    for state in (first, second):
+        for leaf, amount, at in events:
+            state.add_usage(leaf, amount, T0 + at)
+    assert first.result() == second.result()
+
+
+@PROPERTY
+@given(histories())
+def test_the_state_agrees_with_the_pure_functions_on_its_own_usage(
+    history: tuple[ShareTree, int, list[tuple[str, float, int]]],
+) -> None:
+    tree, _, events = history
+    state = FairShareState(tree, Algorithm.CLASSIC, half_life=0)
+    for leaf, amount, at in events:
+        state.add_usage(leaf, amount, T0 + at)
+    usage = {leaf: state.usage_at(leaf) for leaf in tree.leaves}
+    assert state.result().factors == pytest.approx(classic_fairshare(tree, usage).factors, rel=1e-9)
+
+
+@PROPERTY
+@given(trees(shares=st.sampled_from(list[Shares]([0, 1, 2, 5]))), st.data())
+def test_fair_tree_ranks_all_leaves_of_a_better_served_account_above_those_of_its_sibling(
+    tree: ShareTree, data: st.DataObject
+) -> None:
+    usage = {leaf: data.draw(AMOUNTS) for leaf in tree.leaves}
+    result = fair_tree_fairshare(tree, usage)
+    accounts = [node for node in tree.ids if node != "root" and not tree.is_leaf(node)]
+    for a in accounts:
+        for b in accounts:
+            level_a, level_b = result.row(a).level_fs, result.row(b).level_fs
+            if tree.parent(a) != tree.parent(b) or level_a is None or level_b is None or level_a <= level_b:
+                continue
+            ranked_a = [result.factor(leaf) for leaf in leaves_below(tree, a) if result.factor(leaf) > 0]
+            ranked_b = [result.factor(leaf) for leaf in leaves_below(tree, b) if result.factor(leaf) > 0]
+            if ranked_a and ranked_b:
+                assert min(ranked_a) > max(ranked_b)
+
+
+@PROPERTY
+@given(trees(), st.data())
+def test_fair_tree_gives_the_top_ranked_leaf_one_and_factors_only_from_ranks(
+    tree: ShareTree, data: st.DataObject
+) -> None:
+    usage = {leaf: data.draw(AMOUNTS) for leaf in tree.leaves}
+    result: FairShareResult = fair_tree_fairshare(tree, usage)
+    factors = [result.factor(leaf) for leaf in tree.leaves]
+    ranked = [f for f in factors if f > 0]
+    if ranked:
+        assert max(ranked) == 1.0
+    assert all(round(f * len(factors)) == pytest.approx(f * len(factors)) for f in factors)
