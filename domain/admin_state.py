@@ -322,6 +322,16 @@ class AdminState:
                 a = self._open_allocation(event.allocation_id)
                 if now < a.end:
                     raise InvalidChange(f"allocation {a.allocation_id} runs until {a.end}; it has not ended")
+                if event.unused_units > max(0, a.allocated_units):
+                    raise InvalidChange(
+                        f"allocation {a.allocation_id} holds {a.allocated_units} units; "
+                        f"{event.unused_units} cannot be unused"
+                    )
+                successor = event.rollover_allocation_id
+                if successor is not None and successor in self.allocations:
+                    raise Conflict(f"allocation {successor} exists; a rollover needs a new id")
+                if successor is not None and not a.rollover:
+                    raise InvalidChange(f"allocation {a.allocation_id} does not roll over")
             case AgreementGranted():
                 self._check_agreement(event)
             case AgreementRevoked():

@@ -14,7 +14,7 @@ adjusted to zero).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Literal, TypedDict
 
@@ -100,7 +100,7 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
 
     def envelope() -> _Envelope:
         return {
-            "event_id": f"{source}:{position}:{len(changes)}",
+            "event_id": f"{source}:{position}:pending",  # numbered once the order is final
             "occurred_at": now,
             "actor": actor,
             "source": source,
@@ -171,6 +171,11 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
             )
         set_part = held_alloc.granted_units + held_alloc.adjusted_units
         if set_part != a.amount_units and not held_alloc.expired:
+            if held_alloc.allocated_units + a.amount_units - set_part < 0:
+                raise PlanConflict(
+                    f"allocation {allocation_id} has moved {held_alloc.transferred_out_units} units out "
+                    f"by transfers; it cannot be set to {hours(a.amount_units)}"
+                )
             event = AllocationAdjusted(
                 **envelope(), allocation_id=allocation_id, delta_units=a.amount_units - set_part
             )
@@ -186,12 +191,21 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
         set_part = held_alloc.granted_units + held_alloc.adjusted_units
         ours = any(e.source == source for e in state.history if isinstance(e, AllocationGranted)
                    and e.allocation_id == held_alloc.allocation_id)  # fmt: skip
-        if ours and held_alloc.allocation_id not in listed and set_part > 0 and not held_alloc.expired:
+        # What the plan granted goes back, short of what transfers already moved out; units
+        # transferred in came from other budgets and stay.
+        take_back = min(set_part, held_alloc.allocated_units)
+        if ours and held_alloc.allocation_id not in listed and take_back > 0 and not held_alloc.expired:
             event = AllocationAdjusted(
-                **envelope(), allocation_id=held_alloc.allocation_id, delta_units=-set_part
+                **envelope(), allocation_id=held_alloc.allocation_id, delta_units=-take_back
             )
+            left = hours(held_alloc.allocated_units - take_back)
             changes.append(
-                Change("revoke", f"allocation {held_alloc.allocation_id}", f"{hours(set_part)} -> 0", event)
+                Change(
+                    "revoke",
+                    f"allocation {held_alloc.allocation_id}",
+                    f"{hours(take_back)} back, {left} left",
+                    event,
+                )
             )
 
     listed_agreements = set()
@@ -227,4 +241,9 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
         ):
             event = AgreementRevoked(**envelope(), agreement_id=agreement_id)
             changes.append(Change("revoke", f"agreement {agreement_id}", "no longer in the plan", event))
-    return changes
+    # Revocations first: they free the capacity and budget that grants and shrinks may need.
+    ordered = [c for c in changes if c.action == "revoke"] + [c for c in changes if c.action != "revoke"]
+    return [
+        replace(c, event=c.event.model_copy(update={"event_id": f"{source}:{position}:{n}"}))
+        for n, c in enumerate(ordered)
+    ]

@@ -27,7 +27,16 @@ from domain.allocations import UNITS_PER_GPU_HOUR, quarter_bounds
 from domain.charging import RATE_SCALE
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
-Instant = int | dt.datetime | dt.date
+
+
+def _zoned(value: int | dt.datetime | dt.date) -> int | dt.datetime | dt.date:
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        raise ValueError(f"{value.isoformat()} has no time zone; add Z or an offset")
+    return value
+
+
+# Unix seconds, a date (midnight UTC) or a datetime with a zone: never a wall-clock time without one.
+Instant = Annotated[int | dt.datetime | dt.date, AfterValidator(_zoned)]
 DAY_NAMES = {"mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5, "sun": 6}
 
 

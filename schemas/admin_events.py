@@ -97,7 +97,7 @@ class AllocationGranted(_AdminEnvelope):
     amount_units: ChargeUnits
     cluster: Identifier | None = None
     gpu_type: Identifier | None = None
-    rollover: bool = False  # unused units move to the next period of the same length at expiry
+    rollover: bool = False  # at expiry unused units move to the next quarter (or period)
 
     @property
     def aggregate(self) -> str:
