@@ -19,6 +19,7 @@ from allmende.api_client import local_admin_token, local_admin_token_file
 from allmende.cli_budget import apply as budget_apply
 from allmende.cli_budget import balance as budget_balance
 from allmende.cli_budget import budget_app
+from allmende.cli_fairshare import fairshare
 from allmende.settings import PROJECT_ROOT, Settings
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app = typer.Typer(
 kafka_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(budget_app, name="budget")
+app.command("fairshare")(fairshare)
 console = Console()
 
 DEMO_TRACE = PROJECT_ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"

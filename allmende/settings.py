@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     # up: jobs that ran across the end report their last usage late.
     expiry_grace_s: int = Field(default=86_400, ge=0)
 
+    # Fair share (Slurm's PriorityDecayHalfLife, PriorityUsageResetPeriod); 0: no decay.
+    fairshare_enabled: bool = True
+    fairshare_algorithm: Literal["classic", "fair_tree"] = "fair_tree"
+    fairshare_half_life_s: int = Field(default=7 * 86_400, ge=0)
+    fairshare_reset: Literal["none", "quarterly"] = "none"
+    fairshare_publish_s: float = Field(default=10.0, gt=0)
+
     log_level: str = "INFO"
     log_json: bool = True
 
@@ -76,6 +83,10 @@ class Settings(BaseSettings):
     @property
     def admin_events_topic(self) -> str:
         return self.topic("admin-events")
+
+    @property
+    def fairshare_topic(self) -> str:
+        return self.topic("fairshare")
 
     @property
     def dead_letter_topic(self) -> str:

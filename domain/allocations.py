@@ -92,6 +92,12 @@ def next_period(start: int, end: int) -> tuple[int, int]:
     return end, end + (end - start)
 
 
+def quarter_start(at: int) -> int:
+    """The start of the UTC calendar quarter holding `at`."""
+    moment = dt.datetime.fromtimestamp(at, dt.UTC)
+    return int(dt.datetime(moment.year, 3 * ((moment.month - 1) // 3) + 1, 1, tzinfo=dt.UTC).timestamp())
+
+
 def quarter_bounds(label: str) -> tuple[int, int]:
     """`2027-Q1` -> [2027-01-01T00:00Z, 2027-04-01T00:00Z) in UTC Unix seconds."""
     try:

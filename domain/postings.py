@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
-from domain.charging import PolicyTimeline, flat_policy
+from domain.charging import ChargedSpan, PolicyTimeline, flat_policy
 from schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 SECONDS_PER_DAY = 86_400
@@ -44,45 +44,58 @@ class Posting:
     policy_id: str = ""
 
 
-def day_pieces(start: int, end: int) -> list[tuple[int, int, int]]:
-    """Split [start, end) at UTC midnights into (day, piece_start, piece_end)."""
-    pieces = []
+def pieces(start: int, end: int, size: int) -> list[tuple[int, int, int]]:
+    """Split [start, end) at multiples of `size` seconds into (index, piece_start, piece_end)."""
+    found = []
     cursor = start
     while cursor < end:
-        day = cursor // SECONDS_PER_DAY
-        stop = min(end, (day + 1) * SECONDS_PER_DAY)
-        pieces.append((day, cursor, stop))
+        index = cursor // size
+        stop = min(end, (index + 1) * size)
+        found.append((index, cursor, stop))
         cursor = stop
-    return pieces
+    return found
+
+
+def day_pieces(start: int, end: int) -> list[tuple[int, int, int]]:
+    """Split [start, end) at UTC midnights into (day, piece_start, piece_end)."""
+    return pieces(start, end, SECONDS_PER_DAY)
 
 
 _FLAT = PolicyTimeline([flat_policy()])
+
+
+def priced_pieces(
+    entry: LedgerEntry, timeline: PolicyTimeline, size: int = SECONDS_PER_DAY
+) -> list[tuple[int, ChargedSpan]]:
+    """The entry's GPU time cut at multiples of `size` and at policy changes, each piece priced."""
+    # Until its JobSubmitted is known an entry has no class; it is re-posted attributed later.
+    priority_class = entry.priority_class if entry.priority_class != UNATTRIBUTED else "standard"
+    return [
+        (index, span)
+        for index, lo, hi in pieces(entry.interval_start, entry.interval_end, size)
+        for span in timeline.charge(lo, hi, entry.gpus, entry.gpu_type, priority_class, entry.interactive)
+    ]
 
 
 def _usage_rows(entry: LedgerEntry, kind: PostingKind, timeline: PolicyTimeline) -> list[Posting]:
     if entry.gpus == 0:
         return []
     sign = -1 if kind is PostingKind.REVERSAL else 1
-    # Until its JobSubmitted is known an entry has no class; it is re-posted attributed later.
-    priority_class = entry.priority_class if entry.priority_class != UNATTRIBUTED else "standard"
-    rows = []
-    for day, lo, hi in day_pieces(entry.interval_start, entry.interval_end):
-        for span in timeline.charge(lo, hi, entry.gpus, entry.gpu_type, priority_class, entry.interactive):
-            rows.append(
-                Posting(
-                    posting_id=f"{entry.entry_id}:{entry.version}:{kind.name.lower()}:{span.start}",
-                    kind=kind,
-                    entry=entry,
-                    day=day,
-                    piece_start=span.start,
-                    piece_end=span.end,
-                    gpu_seconds=sign * span.gpu_seconds,
-                    rate=span.charge_units // span.gpu_seconds if span.gpu_seconds else 0,
-                    charge_units=sign * span.charge_units,
-                    policy_id=span.policy_id,
-                )
-            )
-    return rows
+    return [
+        Posting(
+            posting_id=f"{entry.entry_id}:{entry.version}:{kind.name.lower()}:{span.start}",
+            kind=kind,
+            entry=entry,
+            day=day,
+            piece_start=span.start,
+            piece_end=span.end,
+            gpu_seconds=sign * span.gpu_seconds,
+            rate=span.charge_units // span.gpu_seconds if span.gpu_seconds else 0,
+            charge_units=sign * span.charge_units,
+            policy_id=span.policy_id,
+        )
+        for day, span in priced_pieces(entry, timeline)
+    ]
 
 
 def newest_per_entry(entries: Iterable[LedgerEntry]) -> dict[str, LedgerEntry]:

@@ -42,12 +42,14 @@ class AdminLog:
         self._consumer: KafkaConsumer | None = None
         self._producer: KafkaProducer | None = None
         self._state = AdminState()
+        self._view = AdminState()  # a copy readers may hold while the fold goes on
         self._timeline: PolicyTimeline | None = None
         self._policies_seen = -1
 
     @property
     def state(self) -> AdminState:
-        return self._state
+        """A consistent snapshot of the state (replaced, never changed, by the next catch-up)."""
+        return self._view
 
     def _consumer_for(self) -> KafkaConsumer:
         if self._consumer is None:
@@ -75,13 +77,17 @@ class AdminLog:
             consumer = self._consumer_for()
             end = consumer.end_offsets([self._tp])[self._tp]
             deadline = time.monotonic() + timeout
+            folded = 0
             while consumer.position(self._tp) < end:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"admin log not read to offset {end} within {timeout:.0f}s")
                 for records in consumer.poll(timeout_ms=500).values():
                     for record in records:
                         self._fold(record.offset, record.key, record.value)
-            return self._state
+                        folded += 1
+            if folded:
+                self._view = self._state.copy()
+            return self._view
 
     def _fold(self, offset: int, key: bytes | None, value: bytes) -> None:
         try:
@@ -118,9 +124,9 @@ class AdminLog:
     def timeline(self) -> PolicyTimeline:
         """The charge policy timeline, rebuilt only when a policy was added."""
         with self._lock:
-            if self._policies_seen != len(self._state.policies) or self._timeline is None:
-                self._timeline = self._state.timeline()
-                self._policies_seen = len(self._state.policies)
+            if self._policies_seen != len(self._view.policies) or self._timeline is None:
+                self._timeline = self._view.timeline()
+                self._policies_seen = len(self._view.policies)
             return self._timeline
 
     def close(self) -> None:

@@ -30,7 +30,9 @@ from services.api.deps import Store, Writer
 from services.api.models import Health
 from services.api.routes_admin import router as admin_router
 from services.api.routes_balance import router as balance_router
+from services.api.routes_fairshare import router as fairshare_router
 from services.api.routes_usage import router as usage_router
+from services.fairshare_calculator import FairShareCalculator
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
@@ -63,6 +65,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # One admin log for both: a policy the API publishes is the writer's next price list.
             app.state.writer = LedgerWriter(s, app.state.store, admin_log=admin_log)
             app.state.writer.start()
+        app.state.fairshare = None
+        if s.fairshare_enabled:
+            app.state.fairshare = FairShareCalculator(s, admin_log, db)
+            app.state.fairshare.start()
         app.state.admin = AdminService(
             admin_log, app.state.store, app.state.writer, expiry_grace_s=s.expiry_grace_s
         )
@@ -73,6 +79,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             expiry.cancel()
+            if app.state.fairshare is not None:
+                await run_in_threadpool(app.state.fairshare.stop)
             if app.state.writer is not None:
                 await run_in_threadpool(app.state.writer.stop)
             await run_in_threadpool(admin_log.close)
@@ -86,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(balance_router)
     app.include_router(admin_router)
+    app.include_router(fairshare_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])

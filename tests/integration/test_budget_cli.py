@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from allmende.cli import app
 from allmende.settings import Settings
 from tests.integration.budget_harness import live_api, plan_text
+from tests.integration.harness import wait_until
 from tests.integration.test_budgets import NOW, QUARTER_PLAN
 
 pytestmark = pytest.mark.integration
@@ -44,6 +45,13 @@ def test_plan_apply_history_and_balance_from_the_command_line(settings: Settings
         line = next(i for i, text in enumerate(broken.read_text().splitlines(), 1) if "plenty" in text)
         assert refused.exit_code == 1
         assert f"line {line}" in refused.output and "allocations.1.gpu_hours" in refused.output
+
+        def tree_printed() -> str | None:
+            shown = runner.invoke(app, ["fairshare"])
+            return shown.output if shown.exit_code == 0 and "olmo-ft" in shown.output else None
+
+        tree = wait_until(tree_printed, 30, "the fair-share tree with the plan's projects")
+        assert "FairShare" in tree and "LevelFS" in tree and "  olmo-ft" in tree  # indented under nlp
 
         stranger = CliRunner(env={"ALLMENDE_API_URL": url, "ALLMENDE_TOKEN": "nobody"})
         denied = stranger.invoke(app, ["budget", "balance", "olmo-ft"])

@@ -1,0 +1,113 @@
+"""Fair-share usage from the ledger stream: charged GPU-seconds per project, decayed, exactly.
+
+The ledger-entry stream carries revisions: the largest revision of an entry is its truth
+(`schemas.ledger`). `UsageLedger` keeps, per entry, the largest revision seen and what it charged
+per hour; per project it keeps integer charge units per hour. Applying a revision replaces the
+entry's old hours by its new ones, so duplicates, reordering and replays converge to the same
+integers: the state is a function of the set of latest revisions, not of their order.
+
+Decay is computed from those integers at read time, in one canonical order (projects, then
+hours, sorted), so the decayed usage is a pure function of (the hour totals, the instant, the
+half-life, the resets): identical bit for bit after a rebuild by replay.
+
+The instant the usage is decayed to is the stream's own clock (the latest end of use seen), not the
+wall clock: a replay of last year's trace decays as it did then, and a rebuild gives the same
+numbers whenever it runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
+from domain.fairshare import ROOT, ShareNode, ShareTree, decay_factor
+from domain.organisation import Node
+from domain.postings import priced_pieces
+from schemas.ledger import UNATTRIBUTED, LedgerEntry
+
+BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
+
+
+@dataclass(slots=True)
+class _Held:
+    revision: tuple[int, str]
+    project: str
+    hours: dict[int, int]  # hour index -> charge units
+
+
+@dataclass
+class UsageLedger:
+    """Latest revision per entry and charge units per project and hour (all integers)."""
+
+    entries: dict[str, _Held] = field(default_factory=dict)
+    hours: dict[str, dict[int, int]] = field(default_factory=dict)
+    clock: int = 0  # the latest end of use seen: the stream's "now"
+
+    def apply(self, entry: LedgerEntry, timeline: PolicyTimeline) -> bool:
+        """Take one entry revision; False when an equal or later one was already taken."""
+        held = self.entries.get(entry.entry_id)
+        if held is not None and held.revision >= entry.revision_key():
+            return False
+        if held is not None:
+            self._add(held.project, held.hours, -1)
+        hours: dict[int, int] = {}
+        if entry.project != UNATTRIBUTED and entry.gpus:
+            for hour, span in priced_pieces(entry, timeline, BUCKET_S):
+                hours[hour] = hours.get(hour, 0) + span.charge_units
+        self.entries[entry.entry_id] = _Held(entry.revision_key(), entry.project, hours)
+        self._add(entry.project, hours, 1)
+        self.clock = max(self.clock, entry.interval_end)
+        return True
+
+    def _add(self, project: str, hours: Mapping[int, int], sign: int) -> None:
+        if not hours:
+            return
+        totals = self.hours.setdefault(project, {})
+        for hour, units in hours.items():
+            left = totals.get(hour, 0) + sign * units
+            if left:
+                totals[hour] = left
+            else:
+                totals.pop(hour, None)
+        if not totals:
+            del self.hours[project]
+
+    def charge_units(self, project: str) -> int:
+        return sum(self.hours.get(project, {}).values())
+
+
+def decayed_usage(
+    hours: Mapping[str, Mapping[int, int]], at: int, half_life_s: int, resets: Iterable[int] = ()
+) -> dict[str, float]:
+    """Charged GPU-seconds per project, decayed to `at`, dropping what precedes the last reset.
+
+    An hour's use counts from the hour's end (its decay starts when it is over). Use after `at`
+    (a clock behind the data) counts undecayed.
+    """
+    marks = sorted(resets)
+    index = bisect.bisect_right(marks, at)
+    since = marks[index - 1] if index else None
+    usage: dict[str, float] = {}
+    for project in sorted(hours):
+        total = 0.0
+        for hour in sorted(hours[project]):
+            end = (hour + 1) * BUCKET_S
+            if since is not None and end <= since:
+                continue
+            units = hours[project][hour]
+            total += units / CHARGE_UNITS_PER_GPU_SECOND * decay_factor(max(0, at - end), half_life_s)
+        usage[project] = max(0.0, total)
+    return usage
+
+
+def share_tree(nodes: Mapping[str, Node], projects_with_usage: Iterable[str]) -> ShareTree:
+    """The fair-share tree of the organisation; projects that used GPUs undeclared get 0 shares.
+
+    A project without shares still appears (with factor 0): its usage is real and counts in
+    everybody's normalisation.
+    """
+    declared = [ShareNode(n.node_id, n.parent or ROOT, n.shares) for _, n in sorted(nodes.items())]
+    undeclared = sorted(set(projects_with_usage) - set(nodes) - {UNATTRIBUTED})
+    return ShareTree([*declared, *(ShareNode(p, ROOT, 0) for p in undeclared)])
