@@ -51,8 +51,9 @@ format: install
 schemas: install ## regenerate the JSON Schema files from the event models
 	$(PY) -m schemas.export
 
-bench: install jars ## end-to-end ingest benchmark against a local broker
+bench: install jars ## benchmarks: end-to-end ingest (local broker), fair-share recompute
 	$(PY) bench/ingest.py
+	$(PY) bench/fairshare.py
 
 clean: down
 	rm -rf .allmende .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov
