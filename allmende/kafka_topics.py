@@ -30,6 +30,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(settings.ledger_entries_topic, settings.topic_partitions, keep_forever),
         # One partition: the admin log is one total order, the audit trail.
         TopicSpec(settings.admin_events_topic, 1, keep_forever),
+        # The admission service's own log: decisions, holds, host health; it rebuilds from it.
+        TopicSpec(settings.admission_topic, 1, keep_forever),
         TopicSpec(settings.dead_letter_topic, 1, keep_forever),
         # The latest fair-share row per node: compacted, so a reader gets the current tree.
         TopicSpec(settings.fairshare_topic, 1, {"cleanup.policy": "compact"}),

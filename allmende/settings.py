@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     # project leads, who may read the balances of the projects (and groups) they lead.
     admin_tokens: str = ""
     lead_tokens: str = ""
+    scheduler_tokens: str = ""  # the cluster scheduler's own tokens: admission and preemption
     # A command-line client's own token (`allmende budget ...`).
     token: str = ""
     # How often the API looks for allocations whose period has ended (expiry, rollover).
@@ -61,6 +62,12 @@ class Settings(BaseSettings):
     fairshare_half_life_s: int = Field(default=7 * 86_400, ge=0)
     fairshare_reset: Literal["none", "quarterly"] = "none"
     fairshare_publish_s: float = Field(default=10.0, gt=0)
+
+    # Admission: an admitted job that has not started by then frees its GPUs and its hold.
+    admission_enabled: bool = True
+    admission_start_deadline_s: int = Field(default=3600, ge=1)
+    interactive_max_gpus_per_user: int = Field(default=8, ge=0)
+    interactive_max_hours: int = Field(default=8, ge=0)
 
     log_level: str = "INFO"
     log_json: bool = True
@@ -83,6 +90,10 @@ class Settings(BaseSettings):
     @property
     def admin_events_topic(self) -> str:
         return self.topic("admin-events")
+
+    @property
+    def admission_topic(self) -> str:
+        return self.topic("admission")
 
     @property
     def fairshare_topic(self) -> str:

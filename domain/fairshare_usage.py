@@ -30,19 +30,26 @@ from schemas.ledger import UNATTRIBUTED, LedgerEntry
 BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
 
 
+Slot = tuple[int, str, str]  # (hour index, cluster, GPU type): what a budget's scope can tell apart
+
+
 @dataclass(slots=True)
 class _Held:
     revision: tuple[int, str]
     project: str
-    hours: dict[int, int]  # hour index -> charge units
+    job_id: str
+    hours: dict[Slot, int]  # charge units
 
 
 @dataclass
 class UsageLedger:
-    """Latest revision per entry and charge units per project and hour (all integers)."""
+    """Latest revision per entry; charge units per project and (hour, cluster, GPU type), and per
+    job (all integers). Fair share reads the hours; admission reads budgets and holds from it."""
 
     entries: dict[str, _Held] = field(default_factory=dict)
-    hours: dict[str, dict[int, int]] = field(default_factory=dict)
+    hours: dict[str, dict[Slot, int]] = field(default_factory=dict)
+    jobs: dict[str, int] = field(default_factory=dict)  # job id -> charge units so far
+    versions: dict[str, int] = field(default_factory=dict)  # project -> changes taken: a cache key
     clock: int = 0  # the latest end of use seen: the stream's "now"
 
     def apply(self, entry: LedgerEntry, timeline: PolicyTimeline) -> bool:
@@ -51,19 +58,26 @@ class UsageLedger:
         if held is not None and held.revision >= entry.revision_key():
             return False
         if held is not None:
-            self._add(held.project, held.hours, -1)
-        hours: dict[int, int] = {}
+            self._add(held.project, held.job_id, held.hours, -1)
+        hours: dict[Slot, int] = {}
         if entry.project != UNATTRIBUTED and entry.gpus:
             for hour, span in priced_pieces(entry, timeline, BUCKET_S):
-                hours[hour] = hours.get(hour, 0) + span.charge_units
-        self.entries[entry.entry_id] = _Held(entry.revision_key(), entry.project, hours)
-        self._add(entry.project, hours, 1)
+                slot = (hour, entry.cluster, entry.gpu_type)
+                hours[slot] = hours.get(slot, 0) + span.charge_units
+        self.entries[entry.entry_id] = _Held(entry.revision_key(), entry.project, entry.job_id, hours)
+        self._add(entry.project, entry.job_id, hours, 1)
         self.clock = max(self.clock, entry.interval_end)
         return True
 
-    def _add(self, project: str, hours: Mapping[int, int], sign: int) -> None:
+    def _add(self, project: str, job_id: str, hours: Mapping[Slot, int], sign: int) -> None:
         if not hours:
             return
+        self.versions[project] = self.versions.get(project, 0) + 1
+        job_total = self.jobs.get(job_id, 0) + sign * sum(hours.values())
+        if job_total:
+            self.jobs[job_id] = job_total
+        else:
+            self.jobs.pop(job_id, None)
         totals = self.hours.setdefault(project, {})
         for hour, units in hours.items():
             left = totals.get(hour, 0) + sign * units
@@ -76,6 +90,15 @@ class UsageLedger:
 
     def charge_units(self, project: str) -> int:
         return sum(self.hours.get(project, {}).values())
+
+    def project_hours(self) -> dict[str, dict[int, int]]:
+        """Charge units per project and hour, whatever the cluster: what fair share decays."""
+        found: dict[str, dict[int, int]] = {}
+        for project, slots in self.hours.items():
+            per_hour = found.setdefault(project, {})
+            for (hour, _, _), units in slots.items():
+                per_hour[hour] = per_hour.get(hour, 0) + units
+        return found
 
 
 def decayed_usage(

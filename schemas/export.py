@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from schemas.admin_events import ADMIN_EVENT_TYPES, admin_event_json_schema
+from schemas.admission_events import ADMISSION_EVENT_TYPES, admission_event_json_schema
 from schemas.dead_letter import DeadLetter
 from schemas.events import JOB_EVENT_TYPES, job_event_json_schema
 
@@ -22,6 +23,9 @@ def rendered() -> dict[str, str]:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["admin-event.schema.json"] = admin_event_json_schema()
     for model in ADMIN_EVENT_TYPES:
+        docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
+    docs["admission-event.schema.json"] = admission_event_json_schema()
+    for model in ADMISSION_EVENT_TYPES:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["DeadLetter.schema.json"] = DeadLetter.model_json_schema()
     return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in docs.items()}

@@ -44,12 +44,15 @@ class AdminService:
         writer: LedgerWriter | None = None,
         clock: Callable[[], float] = time.time,
         expiry_grace_s: int = 86_400,
+        held: Callable[[str], dict[str, int]] | None = None,
     ) -> None:
         self.log = admin_log
         self.store = store
         self.writer = writer  # in-process writer: policies may start anywhere not yet charged
         self.clock = clock
         self.expiry_grace_s = expiry_grace_s
+        # Units held by admitted jobs, per allocation of a project (the admission service's).
+        self.held = held or (lambda _: {})
         self._lock = threading.Lock()
 
     def now(self) -> int:
@@ -138,7 +141,10 @@ class AdminService:
         allocations = known.allocations_of(project)
         rows = self.store.charge_rows(project, segments(allocations), at)
         units, seconds = self.store.project_charges(project, at)
-        return project_balance(project, at, allocations, rows, units, seconds)
+        # Holds are live state: a past instant shows none (what a replay of the admin and job
+        # events up to then gives, too: holds live on the admission log).
+        held = self.held(project) if as_of is None else {}
+        return project_balance(project, at, allocations, rows, units, seconds, held)
 
     def _charged_by(self, state: AdminState) -> Callable[[Allocation], int]:
         def charged(allocation: Allocation) -> int:

@@ -14,6 +14,7 @@ latest end of use seen), so a snapshot says exactly which usage it includes.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -53,8 +54,9 @@ class Snapshot:
     algorithm: Literal["classic", "fair_tree"]
     records: tuple[FairShareRecord, ...]
 
-    def factor(self, node_id: str) -> float | None:
-        return next((r.factor for r in self.records if r.node_id == node_id), None)
+    @functools.cached_property
+    def factors(self) -> dict[str, float]:
+        return {r.node_id: r.factor for r in self.records}
 
 
 def record_of(row: ShareRow, as_of: int, algorithm: Literal["classic", "fair_tree"]) -> FairShareRecord:
@@ -78,16 +80,16 @@ class FairShareCalculator:
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._published_key: tuple[int, int, int] | None = None
         self._changes = 0  # bumped by every revision taken: a new snapshot is due
 
     # -- the maths on the current state (pure of Kafka) ----------------------------------------
     def compute(self) -> FairShareResult:
         s = self.settings
-        with self._lock:
+        with self.lock:
             clock = self.usage.clock
-            hours = {p: dict(h) for p, h in self.usage.hours.items()}
+            hours = self.usage.project_hours()
         resets = [quarter_start(clock)] if s.fairshare_reset == "quarterly" and clock else []
         usage = decayed_usage(hours, clock, s.fairshare_half_life_s, resets)
         tree = share_tree(self.admin_log.state.nodes, usage)
@@ -110,7 +112,7 @@ class FairShareCalculator:
             except (ValueError, TypeError):
                 continue  # the ledger writer dead-letters these; fair share just skips them
         changed = False
-        with self._lock:
+        with self.lock:
             for entry in newest_per_entry(entries).values():
                 changed |= self.usage.apply(entry, timeline)
             self._changes += changed
@@ -146,7 +148,7 @@ class FairShareCalculator:
             max_partition_fetch_bytes=16 * 1024 * 1024,
         )
         producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, acks="all", linger_ms=20)
-        with self._lock:
+        with self.lock:
             self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
         try:
             partitions = wait_for_partitions(consumer, s.ledger_entries_topic)

@@ -25,10 +25,12 @@ from allmende.logs import configure_logging
 from allmende.settings import Settings
 from services.admin_log import AdminLog
 from services.admin_service import AdminService
+from services.admission_service import AdmissionService
 from services.api.auth import TokenBook
 from services.api.deps import Store, Writer
 from services.api.models import Health
 from services.api.routes_admin import router as admin_router
+from services.api.routes_admission import router as admission_router
 from services.api.routes_balance import router as balance_router
 from services.api.routes_fairshare import router as fairshare_router
 from services.api.routes_usage import router as usage_router
@@ -49,6 +51,16 @@ async def _expire_periodically(service: AdminService, every_s: float) -> None:
             log.warning("expiry_failed", error=repr(exc))
 
 
+async def _release_periodically(service: AdmissionService, every_s: float = 2.0) -> None:
+    """Release the holds of jobs that ended or never started."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await service.release_due()
+        except Exception as exc:  # Kafka away: the next round releases them
+            log.warning("hold_release_failed", error=repr(exc))
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,20 +77,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # One admin log for both: a policy the API publishes is the writer's next price list.
             app.state.writer = LedgerWriter(s, app.state.store, admin_log=admin_log)
             app.state.writer.start()
+        await run_in_threadpool(admin_log.catch_up)
         app.state.fairshare = None
-        if s.fairshare_enabled:
+        # Admission spends budgets from the calculator's in-memory usage: it needs it running.
+        if s.fairshare_enabled or s.admission_enabled:
             app.state.fairshare = FairShareCalculator(s, admin_log, db)
             app.state.fairshare.start()
+        app.state.admission = None
+        if s.admission_enabled:
+            app.state.admission = AdmissionService(s, admin_log, app.state.fairshare)
+            await app.state.admission.start()
+        admission = app.state.admission
         app.state.admin = AdminService(
-            admin_log, app.state.store, app.state.writer, expiry_grace_s=s.expiry_grace_s
-        )
-        await run_in_threadpool(admin_log.catch_up)
-        expiry = asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))
+            admin_log, app.state.store, app.state.writer, expiry_grace_s=s.expiry_grace_s,
+            held=admission.held_units if admission is not None else None,
+        )  # fmt: skip
+        tasks = [asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))]
+        if admission is not None:
+            tasks.append(asyncio.create_task(_release_periodically(admission)))
         log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
         try:
             yield
         finally:
-            expiry.cancel()
+            for task in tasks:
+                task.cancel()
+            if admission is not None:
+                await admission.stop()
             if app.state.fairshare is not None:
                 await run_in_threadpool(app.state.fairshare.stop)
             if app.state.writer is not None:
@@ -95,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(balance_router)
     app.include_router(admin_router)
     app.include_router(fairshare_router)
+    app.include_router(admission_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])

@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from allmende.settings import Settings
 
-Role = Literal["admin", "lead"]
+Role = Literal["admin", "lead", "scheduler"]
 _bearer = HTTPBearer(auto_error=False, description="an admin or project-lead token")
 
 
@@ -43,6 +43,7 @@ class TokenBook:
         self._entries: list[tuple[str, str, Role]] = [
             *((n, t, "admin") for n, t in parse_tokens(settings.admin_tokens, "admin")),
             *((n, t, "lead") for n, t in parse_tokens(settings.lead_tokens, "lead")),
+            *((n, t, "scheduler") for n, t in parse_tokens(settings.scheduler_tokens, "scheduler")),
         ]
 
     def who(self, token: str) -> Principal | None:
@@ -73,5 +74,12 @@ def _admin(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
     return principal
 
 
+def _scheduler(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    if principal.role not in ("scheduler", "admin"):
+        raise HTTPException(403, f"{principal.name} is not the scheduler (nor an admin)")
+    return principal
+
+
 Caller = Annotated[Principal, Depends(_principal)]
+Scheduler = Annotated[Principal, Depends(_scheduler)]
 Admin = Annotated[Principal, Depends(_admin)]

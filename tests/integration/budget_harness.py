@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from allmende.settings import Settings
@@ -17,11 +18,16 @@ from services.api.app import create_app
 ADMIN = {"Authorization": "Bearer admin-secret"}
 ALICE = {"Authorization": "Bearer alice-secret"}
 BOB = {"Authorization": "Bearer bob-secret"}
+SCHEDULER = {"Authorization": "Bearer sched-secret"}
 
 
 def with_tokens(settings: Settings) -> Settings:
     return settings.model_copy(
-        update={"admin_tokens": "root:admin-secret", "lead_tokens": "alice:alice-secret,bob:bob-secret"}
+        update={
+            "admin_tokens": "root:admin-secret",
+            "lead_tokens": "alice:alice-secret,bob:bob-secret",
+            "scheduler_tokens": "slurm:sched-secret",
+        }
     )
 
 
@@ -35,12 +41,19 @@ class FakeClock:
         return float(self.now)
 
 
+def set_clock(app: FastAPI, clock: FakeClock) -> None:
+    """The admin and admission services read the test's clock."""
+    admin: AdminService = app.state.admin
+    admin.clock = clock
+    if app.state.admission is not None:
+        app.state.admission.clock = clock
+
+
 @contextmanager
 def running_api(settings: Settings, now: int) -> Iterator[tuple[TestClient, FakeClock]]:
     clock = FakeClock(now)
     with TestClient(create_app(with_tokens(settings))) as client:
-        service: AdminService = client.app.state.admin  # type: ignore[attr-defined]
-        service.clock = clock
+        set_clock(client.app, clock)  # type: ignore[arg-type]
         yield client, clock
 
 
@@ -74,7 +87,7 @@ def live_api(settings: Settings, now: int) -> Iterator[tuple[str, FakeClock]]:
             thread.join(0.1)
             deadline -= 0.1
         assert server.started, "uvicorn did not start"
-        app.state.admin.clock = clock
+        set_clock(app, clock)
         yield url, clock
     finally:
         server.should_exit = True

@@ -46,7 +46,8 @@ def test_an_entry_revision_replaces_what_the_older_one_charged() -> None:
     for entry in revisions:
         ledger.apply(entry, FLAT)
     assert ledger.charge_units("olmo") == 4 * 7200 * UNIT
-    assert sum(ledger.hours["olmo"].values()) == 4 * 7200 * UNIT
+    assert sum(ledger.project_hours()["olmo"].values()) == 4 * 7200 * UNIT
+    assert ledger.jobs == {"j1": 4 * 7200 * UNIT}
     assert ledger.clock == T0 + 7200
 
 
@@ -75,8 +76,9 @@ def test_charges_follow_the_policy_and_are_cut_into_hours() -> None:
     for entry in _emitted(_job_events("j1", "olmo", 1, [], 3600), "j1"):
         ledger.apply(entry, timeline)
     assert ledger.charge_units("olmo") == 1800 * UNIT + 1800 * 3 * UNIT
-    hours = ledger.hours["olmo"]
+    hours = ledger.project_hours()["olmo"]
     assert all(h * BUCKET_S < T0 + 3600 for h in hours) and len(hours) == 2  # T0 is not on the hour
+    assert {(c, g) for _, c, g in ledger.hours["olmo"]} == {("c1", "A100")}
 
 
 @settings(max_examples=150, deadline=None, database=None)
@@ -98,6 +100,7 @@ def test_any_order_and_any_duplication_give_the_same_integers(seed: int, copies:
     for entry in shuffled:
         other.apply(entry, FLAT)
     assert other.hours == in_order.hours and other.clock == in_order.clock
+    assert other.jobs == in_order.jobs
 
 
 def test_ten_gpus_used_then_idle_halve_their_usage_every_half_life() -> None:

@@ -1,0 +1,119 @@
+"""The admission policy's inputs and outputs: a snapshot in, a decision out (no I/O).
+
+The service builds an `AdmissionSnapshot` from its in-memory projections (cluster occupancy,
+budgets with holds, agreements, fair share, host health) and calls `domain.admission.decide`;
+`domain.preemption.plan_victims` picks victims on the same snapshot. Deciding never changes the
+snapshot: acting on a decision (holds, events) is the service's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    ADMIT = "admit"
+    QUEUE = "queue"
+    REJECT = "reject"
+
+
+class Lane(StrEnum):
+    """Why a job may run. Order of preference when several apply: the first that admits wins."""
+
+    INTERACTIVE = "interactive"  # small, now, preempting opportunistic work: nobody needs to squat
+    TIME_SLICE = "time-slice"  # inside an agreement's window, up to its guaranteed GPUs
+    BUDGET = "budget"  # paid from an allocation, with a hold for the expected charge
+    OPPORTUNISTIC = "opportunistic"  # over budget: preemptible only, on idle GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    job_id: str
+    project: str
+    user: str
+    cluster: str
+    gpu_type: str
+    gpus: int
+    priority_class: str  # preemptible | standard | non-preemptible
+    interactive: bool
+    requested_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job that holds GPUs of the cluster: admitted (maybe not started yet) or seen running."""
+
+    job_id: str
+    project: str
+    user: str
+    gpus: int
+    priority_class: str
+    lane: Lane | None  # None: running without an admission decision (e.g. before the service)
+    since: int  # admitted or started at (UTC Unix seconds): work lost grows with it
+    hosts: tuple[str, ...] = ()
+    interactive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLine:
+    """One allocation that may pay for the job, in paying order (most specific first)."""
+
+    allocation_id: str
+    period: str
+    available_units: int  # allocated - charged - held, never below 0
+
+
+@dataclass(frozen=True, slots=True)
+class InteractiveLimits:
+    max_gpus_per_user: int = 8
+    max_seconds: int = 8 * 3600
+
+
+@dataclass(frozen=True)
+class AdmissionSnapshot:
+    now: int
+    cluster_gpus: int
+    running: tuple[RunningJob, ...]  # every job holding GPUs of the request's cluster
+    budget: tuple[BudgetLine, ...]  # the project's allocations covering (now, cluster, GPU type)
+    rate: int  # charge units per GPU-second for this job under the policy in force now
+    guaranteed_gpus: int  # the project's time-slice guarantee on the cluster now (0: none)
+    protected_projects: frozenset[str] = frozenset()  # projects inside an active agreement window now
+    guarantees: Mapping[str, int] = field(default_factory=dict)  # project -> guaranteed GPUs now
+    fairshare: Mapping[str, float] = field(default_factory=dict)  # project -> factor (missing: 0.5)
+    unhealthy_hosts: frozenset[str] = frozenset()
+    limits: InteractiveLimits = InteractiveLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: str  # machine-readable, stable: e.g. "budget-exhausted", "cluster-full"
+    message: str  # a sentence a researcher understands
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    job_id: str
+    project: str
+    gpus: int
+    code: str  # unhealthy-host | opportunistic | preemptible | standard (domain.preemption)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    lane: Lane | None
+    reasons: tuple[Reason, ...]
+    rate: int  # charge units per GPU-second
+    expected_units: int  # gpus x requested seconds x rate
+    hold: tuple[tuple[str, int], ...]  # (allocation id, units) placed for the job
+    available_before_units: int
+    available_after_units: int
+    fairshare_factor: float
+    preempt: tuple[Victim, ...]
+
+    @property
+    def sentence(self) -> str:
+        return " ".join(r.message for r in self.reasons)

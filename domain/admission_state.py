@@ -1,0 +1,194 @@
+"""The admission service's state: the fold of its own events and of the job lifecycle.
+
+Two streams feed it: the admission log (decisions, holds placed and released, host health: this
+service's own events, one partition) and the job events (what the scheduler reports: started on
+which hosts, preempted, finished). Job lifecycle is folded order-free (the latest event by
+time and rank wins; a finish is final), so the state after a replay equals the live one.
+
+A job occupies GPUs of its cluster from its admission (a reservation, until it starts or its
+start deadline passes) or its start, until it is preempted or finishes. A hold is spent by the
+job's charges as they reach the ledger (two-phase: placed at admission, converted by usage,
+released when the job ends or never started).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from domain.admission_model import Lane, RunningJob
+from schemas.admission_events import (
+    AdmissionDecided,
+    AdmissionEvent,
+    HoldPlaced,
+    HoldReleased,
+    HostRecovered,
+    HostUnhealthy,
+)
+from schemas.events import JobEvent, JobFinished, JobPreempted, JobStarted, JobSubmitted
+
+_STARTED, _PREEMPTED, _FINISHED = 3, 1, 2  # ranks at the same second, as the meter orders them
+
+
+@dataclass
+class Hold:
+    job_id: str
+    project: str
+    allocations: tuple[tuple[str, int], ...]
+    expires_at: int
+    released: bool = False
+
+    @property
+    def units(self) -> int:
+        return sum(units for _, units in self.allocations)
+
+    def remaining(self, charged: int) -> dict[str, int]:
+        """What is still held per allocation once `charged` units of the job's usage are posted;
+        usage spends the hold in the order it was placed."""
+        left: dict[str, int] = {}
+        spent = max(0, charged)
+        for allocation_id, units in self.allocations:
+            used = min(units, spent)
+            spent -= used
+            if units - used:
+                left[allocation_id] = left.get(allocation_id, 0) + units - used
+        return left
+
+
+@dataclass
+class JobSeen:
+    job_id: str
+    cluster: str = ""
+    project: str = ""
+    user: str = ""
+    gpus: int = 0
+    priority_class: str = "standard"
+    interactive: bool = False
+    lane: Lane | None = None
+    admitted_at: int | None = None
+    started: bool = False
+    since: int = 0
+    hosts: tuple[str, ...] = ()
+    finished: bool = False
+    last: tuple[int, int] = (0, 0)  # (time, rank) of the latest lifecycle event
+
+    def holds_gpus(self, now: int, start_deadline_s: int) -> bool:
+        if self.finished:
+            return False
+        if self.started:
+            return True
+        reserved = self.admitted_at is not None and self.last == (0, 0)
+        return reserved and now < (self.admitted_at or 0) + start_deadline_s
+
+    def as_running(self) -> RunningJob:
+        return RunningJob(
+            job_id=self.job_id, project=self.project, user=self.user, gpus=self.gpus,
+            priority_class=self.priority_class, lane=self.lane, since=self.since, hosts=self.hosts,
+            interactive=self.interactive,
+        )  # fmt: skip
+
+
+@dataclass
+class AdmissionState:
+    decisions: dict[str, AdmissionDecided] = field(default_factory=dict)
+    holds: dict[str, Hold] = field(default_factory=dict)
+    jobs: dict[str, JobSeen] = field(default_factory=dict)
+    unhealthy: set[tuple[str, str]] = field(default_factory=set)
+    _seen: set[str] = field(default_factory=set)
+
+    # -- folds --------------------------------------------------------------------------------
+    def apply(self, event: AdmissionEvent) -> bool:
+        """Fold one admission event (each id once); False for a duplicate."""
+        if event.event_id in self._seen:
+            return False
+        self._seen.add(event.event_id)
+        match event:
+            case AdmissionDecided():
+                self.decisions[event.job_id] = event
+                if event.verdict == "admit":
+                    job = self.jobs.setdefault(event.job_id, JobSeen(event.job_id))
+                    job.cluster, job.project, job.user = event.cluster, event.project, event.user
+                    job.gpus, job.priority_class = event.gpus, event.priority_class
+                    job.interactive, job.lane = event.interactive, Lane(event.lane) if event.lane else None
+                    job.admitted_at = event.occurred_at
+                    job.since = job.since or event.occurred_at
+            case HoldPlaced():
+                self.holds[event.job_id] = Hold(
+                    event.job_id, event.project, tuple(event.allocations), event.expires_at
+                )
+            case HoldReleased():
+                if event.job_id in self.holds:
+                    self.holds[event.job_id].released = True
+            case HostUnhealthy():
+                self.unhealthy.add((event.cluster, event.host))
+            case HostRecovered():
+                self.unhealthy.discard((event.cluster, event.host))
+        return True
+
+    def observe(self, event: JobEvent) -> None:
+        """Fold one job lifecycle event, in any order: the latest by (time, rank) decides."""
+        job = self.jobs.setdefault(event.job_id, JobSeen(event.job_id))
+        match event:
+            case JobSubmitted():
+                if not job.cluster:  # an admission decision knows better, if there was one
+                    job.cluster, job.project, job.user = event.cluster, event.project, event.user
+                    job.gpus, job.priority_class = event.gpus, event.priority_class.value
+                    job.interactive = event.interactive
+            case JobStarted():
+                if (event.occurred_at, _STARTED) > job.last:
+                    job.last = (event.occurred_at, _STARTED)
+                    job.started, job.since, job.hosts = True, event.occurred_at, tuple(event.hosts)
+                    job.gpus = event.gpus
+            case JobPreempted():
+                if (event.occurred_at, _PREEMPTED) > job.last:
+                    job.last = (event.occurred_at, _PREEMPTED)
+                    job.started = False
+            case JobFinished():
+                job.finished = True
+                job.last = max(job.last, (event.occurred_at, _FINISHED))
+                job.started = False
+
+    # -- reads --------------------------------------------------------------------------------
+    def running_on(self, cluster: str, now: int, start_deadline_s: int) -> list[RunningJob]:
+        return [
+            j.as_running()
+            for j in self.jobs.values()
+            if j.cluster == cluster and j.holds_gpus(now, start_deadline_s)
+        ]
+
+    def unhealthy_hosts(self, cluster: str) -> frozenset[str]:
+        return frozenset(host for c, host in self.unhealthy if c == cluster)
+
+    def held(self, job_charges: Mapping[str, int], project: str | None = None) -> dict[str, int]:
+        """Units still held per allocation (active holds, less what usage has spent)."""
+        found: dict[str, int] = {}
+        for hold in self.holds.values():
+            if hold.released or (project is not None and hold.project != project):
+                continue
+            for allocation_id, units in hold.remaining(job_charges.get(hold.job_id, 0)).items():
+                found[allocation_id] = found.get(allocation_id, 0) + units
+        return found
+
+    def releasable(self, now: int, start_deadline_s: int) -> list[tuple[str, str]]:
+        """(job id, reason) of active holds whose job ended or did not start in time."""
+        due = []
+        for job_id, hold in sorted(self.holds.items()):
+            if hold.released:
+                continue
+            job = self.jobs.get(job_id)
+            if job is not None and job.finished:
+                due.append((job_id, "finished"))
+            elif job is not None and job.last[1] == _PREEMPTED:
+                due.append((job_id, "preempted"))
+            elif now >= hold.expires_at or (job is not None and not job.holds_gpus(now, start_deadline_s)):
+                due.append((job_id, "expired"))
+        return due
+
+    @classmethod
+    def of(cls, events: Iterable[AdmissionEvent], job_events: Iterable[JobEvent] = ()) -> AdmissionState:
+        state = cls()
+        for event in events:
+            state.apply(event)
+        for job_event in job_events:
+            state.observe(job_event)
+        return state

@@ -1,0 +1,55 @@
+"""Budgets from the in-memory usage (hour slots) and the holds: what the admission service spends.
+
+The ledger in ClickHouse is exact to the second; the admission service must not ask it on every
+request, so it keeps charge units per (hour, cluster, GPU type) from the ledger-entry stream
+(`domain.fairshare_usage.UsageLedger`). An hour is credited to the allocation segment its start
+falls in: exact for periods that begin and end on the hour (quarters, days), as plan files give.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+
+from domain.admission_model import BudgetLine
+from domain.allocations import Allocation
+from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
+from domain.fairshare_usage import BUCKET_S, Slot
+
+
+def rows_from_hours(allocations: Sequence[Allocation], slots: Mapping[Slot, int]) -> list[ChargeRow]:
+    segs = segments(allocations)
+    starts = [s for s, _ in segs]
+    totals: dict[tuple[int, str, str], int] = {}
+    for (hour, cluster, gpu_type), units in slots.items():
+        at = hour * BUCKET_S
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < segs[i][1]:
+            key = (i, cluster, gpu_type)
+            totals[key] = totals.get(key, 0) + units
+    return [
+        ChargeRow(segs[i][0], segs[i][1], cluster, gpu_type, units, 0)
+        for (i, cluster, gpu_type), units in sorted(totals.items())
+    ]
+
+
+def live_balance(
+    project: str,
+    now: int,
+    allocations: Sequence[Allocation],
+    slots: Mapping[Slot, int],
+    held: Mapping[str, int],
+) -> ProjectBalance:
+    rows = rows_from_hours(allocations, slots)
+    return project_balance(project, now, allocations, rows, sum(slots.values()), 0, held)
+
+
+def budget_lines(balance: ProjectBalance, now: int, cluster: str, gpu_type: str) -> tuple[BudgetLine, ...]:
+    """The allocations that may pay for a job on (cluster, GPU type) now, in paying order."""
+    by_id = {line.allocation.allocation_id: line for line in balance.allocations}
+    payers = covering([line.allocation for line in balance.allocations], now, now + 1, cluster, gpu_type)
+    return tuple(
+        BudgetLine(a.allocation_id, a.period, by_id[a.allocation_id].available_units)
+        for a in payers
+        if not a.expired
+    )

@@ -1,0 +1,365 @@
+"""The admission service: per job, admit / queue / reject, from in-memory projections.
+
+Its state (`domain.admission_state.AdmissionState`) is the fold of its own log
+(`<prefix>.admission`: decisions, holds, host health) and of the job events; budgets come from the
+fair-share calculator's in-memory usage (the ledger-entry stream) and the admin log; fair share
+from the calculator's latest snapshot. A request builds a snapshot, `domain.admission.decide`
+answers, the decision and its hold are folded in and published; no database is asked.
+
+Decisions are made one at a time under a lock (microseconds: capacity and budgets are shared);
+publishing happens outside it, so concurrent requests share the broker round trips. A request is
+answered only once its events are acknowledged by the broker: what was answered can be replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+from aiokafka import AIOKafkaProducer
+from kafka import KafkaConsumer, TopicPartition
+from prometheus_client import Counter, Histogram
+
+from allmende.settings import Settings
+from domain.admission import decide
+from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, Victim
+from domain.admission_state import AdmissionState
+from domain.budget_view import budget_lines, live_balance
+from domain.preemption import Reach, plan_victims
+from domain.timeslices import active_at
+from schemas.admission_events import (
+    AdmissionDecided,
+    AdmissionEvent,
+    HoldPlaced,
+    HoldReleased,
+    HostRecovered,
+    HostUnhealthy,
+    ReasonRecord,
+    VictimRecord,
+    encode_admission_event,
+    parse_admission_event,
+)
+from schemas.events import ContractError, parse_job_event
+from services.admin_log import AdminLog
+from services.fairshare_calculator import FairShareCalculator
+from services.ledger_writer import wait_for_partitions
+
+log = structlog.get_logger(__name__)
+
+DECISIONS = Counter("allmende_admission_decisions_total", "Admission decisions", ["verdict", "lane"])
+DECIDE_SECONDS = Histogram(
+    "allmende_admission_decide_seconds",
+    "Time to decide (without publishing)",
+    buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
+)
+
+
+class AdmissionRefused(ValueError):
+    """The request itself is wrong (unknown project or cluster, too many GPUs): a 4xx, not a verdict."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdmissionService:
+    def __init__(
+        self,
+        settings: Settings,
+        admin_log: AdminLog,
+        calculator: FairShareCalculator,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.admin_log = admin_log
+        self.calculator = calculator
+        self.clock = clock
+        self.state = AdmissionState()
+        self._lock = threading.Lock()
+        self._producer: AIOKafkaProducer | None = None
+        self._stop = threading.Event()
+        self._jobs_thread: threading.Thread | None = None
+        self.jobs_caught_up = threading.Event()
+        self.last_error: str | None = None
+
+    def now(self) -> int:
+        return int(self.clock())
+
+    # -- life cycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self._replay_own_log)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_bootstrap_servers, acks="all", enable_idempotence=True
+        )
+        await self._producer.start()
+        self._jobs_thread = threading.Thread(
+            target=self._follow_job_events, name="admission-jobs", daemon=True
+        )
+        self._jobs_thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._jobs_thread is not None:
+            await asyncio.to_thread(self._jobs_thread.join, 10)
+
+    def _replay_own_log(self) -> None:
+        """Rebuild from the admission log: what was answered before a restart is answered again."""
+        s = self.settings
+        tp = TopicPartition(s.admission_topic, 0)
+        consumer = KafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False
+        )
+        try:
+            consumer.assign([tp])
+            consumer.seek_to_beginning(tp)
+            end = consumer.end_offsets([tp])[tp]
+            state = AdmissionState()
+            while consumer.position(tp) < end:
+                for records in consumer.poll(timeout_ms=500).values():
+                    for record in records:
+                        try:
+                            state.apply(parse_admission_event(record.value))
+                        except ContractError as exc:
+                            log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
+            with self._lock:
+                jobs = self.state.jobs  # job events folded meanwhile stay
+                self.state = state
+                for job_id, seen in jobs.items():
+                    state.jobs.setdefault(job_id, seen)
+            log.info("admission_log_replayed", events=end, decisions=len(state.decisions))
+        finally:
+            consumer.close(autocommit=False)
+
+    def _follow_job_events(self) -> None:
+        """Fold the job lifecycle from the start of the job-event stream, then follow it."""
+        s = self.settings
+        while not self._stop.is_set():
+            consumer = KafkaConsumer(
+                bootstrap_servers=s.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False,
+                client_id="allmende-admission", max_partition_fetch_bytes=16 * 1024 * 1024,
+            )  # fmt: skip
+            try:
+                partitions = wait_for_partitions(consumer, s.job_events_topic)
+                consumer.assign(partitions)
+                consumer.seek_to_beginning(*partitions)
+                while not self._stop.is_set():
+                    polled = consumer.poll(timeout_ms=200, max_records=20_000)
+                    events = []
+                    for records in polled.values():
+                        for record in records:
+                            try:
+                                events.append(parse_job_event(record.value))
+                            except ContractError:
+                                continue  # the meter dead-letters it; admission only needs the valid ones
+                    if events:
+                        with self._lock:
+                            for event in events:
+                                self.state.observe(event)
+                    ends = consumer.end_offsets(partitions)
+                    if all(consumer.position(tp) >= end for tp, end in ends.items()):
+                        self.jobs_caught_up.set()
+            except Exception as exc:  # Kafka away: start over, the fold is order-free
+                self.last_error = repr(exc)
+                log.exception("admission_job_events_failed", error=repr(exc))
+                self._stop.wait(2.0)
+            finally:
+                consumer.close(autocommit=False)
+
+    async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
+        if self._producer is None:
+            raise RuntimeError("the admission service has not started")
+        topic = self.settings.admission_topic
+        sent = [
+            await self._producer.send(topic, encode_admission_event(e), key=e.key.encode(), partition=0)
+            for e in events
+        ]
+        await asyncio.gather(*sent)
+
+    # -- deciding ------------------------------------------------------------------------------
+    def validate(self, request: JobRequest) -> None:
+        admin = self.admin_log.state
+        node = admin.nodes.get(request.project)
+        if node is None or node.kind != "project":
+            raise AdmissionRefused(404, f"no project {request.project!r}")
+        cluster = admin.clusters.get(request.cluster)
+        if cluster is None:
+            raise AdmissionRefused(404, f"no cluster {request.cluster!r}")
+        if cluster.gpu_type != request.gpu_type:
+            raise AdmissionRefused(
+                422, f"cluster {cluster.cluster} has {cluster.gpu_type} GPUs, not {request.gpu_type}"
+            )
+        if request.gpus > cluster.gpus:
+            raise AdmissionRefused(
+                422, f"the job asks for {request.gpus} GPUs; cluster {cluster.cluster} has {cluster.gpus}"
+            )
+
+    def snapshot(self, request: JobRequest, now: int) -> AdmissionSnapshot:
+        """Everything `decide` needs, from memory. Call with the lock held."""
+        s = self.settings
+        admin = self.admin_log.state
+        cluster = admin.clusters[request.cluster]
+        usage = self.calculator.usage
+        with self.calculator.lock:
+            slots = dict(usage.hours.get(request.project, {}))
+            held = self.state.held(usage.jobs, request.project)
+        balance = live_balance(request.project, now, admin.allocations_of(request.project), slots, held)
+        agreements = active_at(admin.active_agreements(), request.cluster, now)
+        guarantees: dict[str, int] = {}
+        for agreement in agreements:
+            guarantees[agreement.project] = guarantees.get(agreement.project, 0) + agreement.gpus
+        policy = self.admin_log.timeline().in_force(now)
+        latest = self.calculator.latest
+        return AdmissionSnapshot(
+            now=now,
+            cluster_gpus=cluster.gpus,
+            running=tuple(self.state.running_on(request.cluster, now, s.admission_start_deadline_s)),
+            budget=budget_lines(balance, now, request.cluster, request.gpu_type),
+            rate=policy.rate_per_gpu_second(request.gpu_type, request.priority_class, request.interactive),
+            guaranteed_gpus=guarantees.get(request.project, 0),
+            protected_projects=frozenset(guarantees),
+            guarantees=guarantees,
+            fairshare=latest.factors if latest is not None else {},
+            unhealthy_hosts=self.state.unhealthy_hosts(request.cluster),
+            limits=InteractiveLimits(s.interactive_max_gpus_per_user, s.interactive_max_hours * 3600),
+        )
+
+    async def admit(self, request: JobRequest, actor: str, dry_run: bool = False) -> AdmissionDecided:
+        """Decide for one job; the same job id gets the same admit or reject again, not a second hold."""
+        now = self.now()
+        with self._lock:
+            self.validate(request)
+            prior = self.state.decisions.get(request.job_id)
+            if prior is not None and prior.verdict != "queue":
+                if _request_of(prior) != request:
+                    raise AdmissionRefused(
+                        409,
+                        f"job {request.job_id} was decided with other parameters; a new job needs a new id",
+                    )
+                return prior
+            started = time.perf_counter()
+            decision = decide(request, self.snapshot(request, now))
+            DECIDE_SECONDS.observe(time.perf_counter() - started)
+            attempt = prior.attempt + 1 if prior is not None else 1
+            decided = AdmissionDecided(
+                event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,
+                job_id=request.job_id, project=request.project, user=request.user, cluster=request.cluster,
+                gpu_type=request.gpu_type, gpus=request.gpus,
+                priority_class=request.priority_class,
+                interactive=request.interactive, requested_seconds=request.requested_seconds, attempt=attempt,
+                verdict=decision.verdict.value, lane=decision.lane.value if decision.lane else None,
+                reasons=tuple(ReasonRecord(code=r.code, message=r.message) for r in decision.reasons),
+                rate=decision.rate, expected_units=decision.expected_units,
+                available_before_units=decision.available_before_units,
+                available_after_units=decision.available_after_units,
+                fairshare_factor=decision.fairshare_factor,
+                preempt=tuple(_victim_record(v) for v in decision.preempt),
+            )  # fmt: skip
+            if dry_run:
+                return decided
+            events: list[AdmissionEvent] = [decided]
+            if decision.hold:
+                events.append(
+                    HoldPlaced(
+                        event_id=f"hold:{request.job_id}:{attempt}",
+                        occurred_at=now,
+                        actor=actor,
+                        job_id=request.job_id,
+                        project=request.project,
+                        allocations=decision.hold,
+                        expires_at=now + request.requested_seconds + self.settings.admission_start_deadline_s,
+                    )
+                )
+            for event in events:
+                self.state.apply(event)
+        DECISIONS.labels(verdict=decided.verdict, lane=decided.lane or "").inc()
+        await self._publish(events)
+        return decided
+
+    def decision(self, job_id: str) -> AdmissionDecided | None:
+        return self.state.decisions.get(job_id)
+
+    def preemption_plan(self, cluster: str, gpus: int) -> tuple[tuple[Victim, ...], int]:
+        admin = self.admin_log.state
+        if cluster not in admin.clusters:
+            raise AdmissionRefused(404, f"no cluster {cluster!r}")
+        now = self.now()
+        latest = self.calculator.latest
+        with self._lock:
+            running = self.state.running_on(cluster, now, self.settings.admission_start_deadline_s)
+            unhealthy = self.state.unhealthy_hosts(cluster)
+        return plan_victims(
+            running, gpus, now=now, fairshare=latest.factors if latest else {}, unhealthy_hosts=unhealthy,
+            reach=Reach.STANDARD,
+        )  # fmt: skip
+
+    async def host_health(
+        self, cluster: str, host: str, healthy: bool, reason: str, actor: str
+    ) -> AdmissionEvent:
+        if cluster not in self.admin_log.state.clusters:
+            raise AdmissionRefused(404, f"no cluster {cluster!r}")
+        now = self.now()
+        event: AdmissionEvent
+        if healthy:
+            event = HostRecovered(
+                event_id=f"host:{cluster}/{host}:ok:{time.time_ns()}", occurred_at=now, actor=actor,
+                cluster=cluster, host=host,
+            )  # fmt: skip
+        else:
+            event = HostUnhealthy(
+                event_id=f"host:{cluster}/{host}:bad:{time.time_ns()}", occurred_at=now, actor=actor,
+                cluster=cluster, host=host, reason=reason,
+            )  # fmt: skip
+        with self._lock:
+            self.state.apply(event)
+        await self._publish([event])
+        return event
+
+    async def release_due(self) -> list[HoldReleased]:
+        """Release the holds of jobs that ended or never started: events, like everything else."""
+        now = self.now()
+        with self._lock:
+            due = self.state.releasable(now, self.settings.admission_start_deadline_s)
+            events = [
+                HoldReleased(
+                    event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
+                    occurred_at=now,
+                    actor="allmende-admission",
+                    job_id=job_id,
+                    reason=reason,
+                )
+                for job_id, reason in due
+            ]
+            for event in events:
+                self.state.apply(event)
+        if events:
+            await self._publish(events)
+        return events
+
+    def held_units(self, project: str) -> dict[str, int]:
+        """Units held per allocation of the project now: the balance's `held` column."""
+        with self._lock, self.calculator.lock:
+            return self.state.held(self.calculator.usage.jobs, project)
+
+
+def _attempt(state: AdmissionState, job_id: str) -> int:
+    decided = state.decisions.get(job_id)
+    return decided.attempt if decided is not None else 1
+
+
+def _request_of(decided: AdmissionDecided) -> JobRequest:
+    return JobRequest(
+        job_id=decided.job_id, project=decided.project, user=decided.user, cluster=decided.cluster,
+        gpu_type=decided.gpu_type, gpus=decided.gpus, priority_class=decided.priority_class,
+        interactive=decided.interactive, requested_seconds=decided.requested_seconds,
+    )  # fmt: skip
+
+
+def _victim_record(victim: Victim) -> VictimRecord:
+    return VictimRecord(
+        job_id=victim.job_id, project=victim.project, gpus=victim.gpus, code=victim.code, reason=victim.reason
+    )

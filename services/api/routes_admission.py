@@ -1,0 +1,180 @@
+"""Admission and preemption: what the cluster scheduler asks, per job, with its own token."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.admission_model import JobRequest
+from schemas.admission_events import AdmissionDecided, ReasonRecord, VictimRecord
+from schemas.events import Identifier
+from services.admission_service import AdmissionRefused, AdmissionService
+from services.api.admin_models import RejectionBody, units_to_hours
+from services.api.auth import Scheduler
+
+router = APIRouter(prefix="/v1", tags=["admission"])
+ERRORS: dict[int | str, dict[str, object]] = {
+    c: {"model": RejectionBody} for c in (401, 403, 404, 409, 422, 503)
+}
+MAX_HOURS = 366 * 24
+
+
+class AdmissionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: Identifier
+    project: Identifier
+    user: Identifier
+    cluster: Identifier
+    gpu_type: Identifier
+    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    priority_class: Literal["preemptible", "standard", "non-preemptible"] = "standard"
+    interactive: bool = False
+    requested_hours: Annotated[Decimal, Field(gt=0, le=MAX_HOURS, description="the job's time limit")]
+
+    def job(self) -> JobRequest:
+        return JobRequest(
+            job_id=self.job_id, project=self.project, user=self.user, cluster=self.cluster,
+            gpu_type=self.gpu_type, gpus=self.gpus, priority_class=self.priority_class,
+            interactive=self.interactive, requested_seconds=math.ceil(self.requested_hours * 3600),
+        )  # fmt: skip
+
+
+class AdmissionResponse(BaseModel):
+    job_id: str
+    attempt: int
+    decided_at: int
+    verdict: Literal["admit", "queue", "reject"]
+    lane: Literal["interactive", "time-slice", "budget", "opportunistic"] | None
+    reasons: list[ReasonRecord] = Field(description="the deciding reason first; codes are stable")
+    sentence: str = Field(description="the reasons, for the researcher")
+    charge_rate_per_gpu_hour: Decimal = Field(
+        description="weighted GPU-hours charged per GPU-hour of this job"
+    )
+    rate_units_per_gpu_second: int
+    expected_gpu_hours: Decimal = Field(description="the most this job can cost (weighted GPU-hours)")
+    balance_before_gpu_hours: Decimal = Field(description="available in the allocations that would pay")
+    balance_after_gpu_hours: Decimal
+    held_gpu_hours: Decimal
+    fairshare_factor: float
+    preempt: list[VictimRecord] = Field(description="jobs to stop first, in this order")
+
+    @classmethod
+    def of(cls, d: AdmissionDecided) -> AdmissionResponse:
+        held = d.available_before_units - d.available_after_units
+        return cls(
+            job_id=d.job_id, attempt=d.attempt, decided_at=d.occurred_at, verdict=d.verdict, lane=d.lane,
+            reasons=list(d.reasons), sentence=" ".join(r.message for r in d.reasons),
+            charge_rate_per_gpu_hour=units_to_hours(d.rate * 3600), rate_units_per_gpu_second=d.rate,
+            expected_gpu_hours=units_to_hours(d.expected_units),
+            balance_before_gpu_hours=units_to_hours(d.available_before_units),
+            balance_after_gpu_hours=units_to_hours(d.available_after_units),
+            held_gpu_hours=units_to_hours(held), fairshare_factor=d.fairshare_factor, preempt=list(d.preempt),
+        )  # fmt: skip
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cluster: Identifier
+    gpus: Annotated[int, Field(ge=0, le=1_000_000, description="GPUs to free (0: only the unhealthy hosts)")]
+
+
+class PlanResponse(BaseModel):
+    cluster: str
+    gpus_requested: int
+    gpus_freed: int
+    enough: bool
+    victims: list[VictimRecord]
+
+
+class HostHealthRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cluster: Identifier
+    host: Identifier
+    healthy: bool
+    reason: Annotated[str, Field(max_length=1000)] = ""
+
+
+def _service(request: Request) -> AdmissionService:
+    service: AdmissionService | None = request.app.state.admission
+    if service is None:
+        raise HTTPException(503, "the admission service is not enabled here (ALLMENDE_ADMISSION_ENABLED)")
+    return service
+
+
+def _refused(exc: AdmissionRefused) -> HTTPException:
+    code = {404: "unknown", 409: "conflict"}.get(exc.status, "invalid")
+    return HTTPException(exc.status, {"detail": str(exc), "code": code})
+
+
+@router.post(
+    "/admission",
+    response_model=AdmissionResponse,
+    responses=ERRORS,
+    summary="Admit, queue or reject a job; whom to preempt. The same job id gets the same answer.",
+)
+async def admission(
+    body: AdmissionRequest,
+    caller: Scheduler,
+    request: Request,
+    dry_run: Annotated[bool, Query(description="decide without recording: what would happen now")] = False,
+) -> AdmissionResponse:
+    service = _service(request)
+    try:
+        decided = await service.admit(body.job(), caller.name, dry_run=dry_run)
+    except AdmissionRefused as exc:
+        raise _refused(exc) from None
+    return AdmissionResponse.of(decided)
+
+
+@router.get(
+    "/admission/{job_id}", response_model=AdmissionResponse, responses=ERRORS, summary="The recorded decision"
+)
+async def recorded(
+    job_id: Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")],
+    caller: Scheduler,
+    request: Request,
+) -> AdmissionResponse:
+    decided = _service(request).decision(job_id)
+    if decided is None:
+        raise HTTPException(404, f"no decision for job {job_id!r}")
+    return AdmissionResponse.of(decided)
+
+
+@router.post(
+    "/preemption/plan",
+    response_model=PlanResponse,
+    responses=ERRORS,
+    summary="Whom to stop to free GPUs: unhealthy hosts first, then opportunistic, lowest fair share first",
+)
+async def preemption_plan(body: PlanRequest, caller: Scheduler, request: Request) -> PlanResponse:
+    try:
+        victims, freed = _service(request).preemption_plan(body.cluster, body.gpus)
+    except AdmissionRefused as exc:
+        raise _refused(exc) from None
+    records = [VictimRecord(job_id=v.job_id, project=v.project, gpus=v.gpus, code=v.code, reason=v.reason)
+               for v in victims]  # fmt: skip
+    return PlanResponse(
+        cluster=body.cluster,
+        gpus_requested=body.gpus,
+        gpus_freed=freed,
+        enough=freed >= body.gpus,
+        victims=records,
+    )
+
+
+@router.post(
+    "/hosts/health", responses=ERRORS, summary="Report a host unhealthy (its jobs become victims) or healthy"
+)
+async def host_health(body: HostHealthRequest, caller: Scheduler, request: Request) -> dict[str, str]:
+    try:
+        event = await _service(request).host_health(
+            body.cluster, body.host, body.healthy, body.reason, caller.name
+        )
+    except AdmissionRefused as exc:
+        raise _refused(exc) from None
+    return {"event_id": event.event_id, "type": event.type}

@@ -1,0 +1,278 @@
+"""The admission service on real Kafka and chDB: lanes, holds, time slices, preemption, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from allmende.settings import Settings
+from domain.allocations import UNITS_PER_GPU_HOUR
+from schemas.events import JobEvent, JobStarted, JobSubmitted
+from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, live_api, ok, plan_text, running_api
+from tests.integration.harness import MeterWorker, send_events, wait_until
+from tests.integration.test_budgets import _run
+
+pytestmark = pytest.mark.integration
+
+Q1 = 1_798_761_600  # 2027-01-01T00:00:00Z
+MONDAY_NIGHT = 1_799_708_400  # Monday 2027-01-11 23:00 UTC, midnight in Berlin: the nightly window
+TUESDAY_NOON = 1_799_755_200  # Tuesday 2027-01-12 12:00 UTC: outside the nightly window
+DAY = 86_400
+
+PLAN = """
+plan: admission-2027-q1
+period: 2027-Q1
+clusters:
+  - {name: h100-a, gpu_type: H100, gpus: 64}
+organisation:
+  - {id: institute, kind: organisation, shares: 100}
+  - {id: olmo-ft, parent: institute, kind: project, shares: 60, leads: [alice]}
+  - {id: vision, parent: institute, kind: project, shares: 40}
+  - {id: broke, parent: institute, kind: project, shares: 10}
+policy:
+  id: prices
+  gpu_type_weights: {H100: 1.00}
+  priority_multipliers: {preemptible: 0.50, standard: 1.00, non-preemptible: 2.00}
+  interactive_rate: 1.25
+allocations:
+  - {project: olmo-ft, gpu_hours: 10000}
+  - {project: vision, gpu_hours: 500}
+  - {project: broke, gpu_hours: 1}
+agreements:
+  - id: olmo-nightly
+    project: olmo-ft
+    cluster: h100-a
+    gpus: 32
+    weekly: {days: [mon, tue, wed, thu, fri], start: "22:00", hours: 8, time_zone: Europe/Berlin}
+"""
+
+
+def _job(job_id: str, project: str, gpus: int, hours: float = 1, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "project": project, "user": "ada", "cluster": "h100-a", "gpu_type": "H100",
+            "gpus": gpus, "requested_hours": hours, **extra}  # fmt: skip
+
+
+def _ask(api: Any, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    result: dict[str, Any] = ok(
+        api.post(
+            "/v1/admission", json=body, params={"dry_run": dry_run} if dry_run else None, headers=SCHEDULER
+        )
+    )
+    return result
+
+
+def _started(job_id: str, project: str, gpus: int, at: int, hosts: tuple[str, ...]) -> list[JobEvent]:
+    common = {"producer": "test", "job_id": job_id}
+    return [
+        JobSubmitted(event_id=f"{job_id}:sub", occurred_at=at, project=project, user="ada", cluster="h100-a",
+                     gpu_type="H100", gpus=gpus, priority_class="standard", requested_seconds=3600,
+                     **common),  # type: ignore[arg-type]
+        JobStarted(event_id=f"{job_id}:start", occurred_at=at, gpus=gpus, hosts=hosts, **common),
+    ]  # fmt: skip
+
+
+def test_each_lane_admits_what_it_should_and_says_why(settings: Settings) -> None:
+    with running_api(settings, TUESDAY_NOON) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+
+        budget = _ask(api, _job("v1", "vision", 8, hours=2))
+        assert (budget["verdict"], budget["lane"]) == ("admit", "budget")
+        assert budget["held_gpu_hours"] == budget["expected_gpu_hours"] == "16.000000000"
+        assert budget["balance_before_gpu_hours"] == "500.000000000"
+        assert budget["balance_after_gpu_hours"] == "484.000000000"
+        assert _ask(api, _job("v1", "vision", 8, hours=2)) == budget  # the same job: the same answer
+
+        refused = _ask(api, _job("b1", "broke", 8, hours=2))
+        assert refused["verdict"] == "reject" and refused["reasons"][0]["code"] == "over-budget"
+        assert "broke" in refused["sentence"] and "preemptible" in refused["sentence"]
+
+        idle = _ask(api, _job("b2", "broke", 40, hours=2, priority_class="preemptible"))
+        assert (idle["verdict"], idle["lane"]) == ("admit", "opportunistic")  # 56 GPUs idle
+        assert idle["held_gpu_hours"] == "0E-9" or float(idle["held_gpu_hours"]) == 0
+
+        # 48 of 64 GPUs are taken: an interactive session takes its 4 at once...
+        interactive = _ask(api, _job("i1", "olmo-ft", 4, interactive=True))
+        assert (interactive["verdict"], interactive["lane"]) == ("admit", "interactive")
+        assert interactive["charge_rate_per_gpu_hour"] == "1.250000000"
+        # ... and a big budget job pushes the opportunistic work out.
+        big = _ask(api, _job("o1", "olmo-ft", 40))
+        assert (big["verdict"], big["lane"]) == ("admit", "budget")
+        assert [v["job_id"] for v in big["preempt"]] == ["b2"]
+
+        # Inside the nightly window olmo-ft's guarantee beats vision's budget job.
+        clock.now = MONDAY_NIGHT
+        nightly = _ask(api, _job("o2", "olmo-ft", 24, priority_class="non-preemptible"), dry_run=True)
+        assert (nightly["verdict"], nightly["lane"]) == ("admit", "time-slice")
+        assert nightly["charge_rate_per_gpu_hour"] == "2.000000000"  # HIGH is a price
+
+        full = _ask(api, _job("v2", "vision", 24, priority_class="non-preemptible"))
+        assert full["verdict"] == "queue" and full["reasons"][0]["code"] == "cluster-full"
+
+
+def test_fifty_concurrent_admissions_never_overspend_a_nearly_spent_budget(settings: Settings) -> None:
+    with live_api(settings, TUESDAY_NOON) as (url, _):
+        ok(
+            httpx.post(
+                f"{url}/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN, timeout=30
+            )
+        )
+        first = ok(
+            httpx.post(f"{url}/v1/admission", json=_job("v0", "vision", 8, hours=61), headers=SCHEDULER)
+        )
+        assert first["verdict"] == "admit"  # 488 of 500 GPU-hours held: 12 left
+
+        async def burst() -> list[dict[str, Any]]:
+            async with httpx.AsyncClient(base_url=url, headers=SCHEDULER, timeout=30) as client:
+                responses = await asyncio.gather(
+                    *(
+                        client.post("/v1/admission", json=_job(f"v{i}", "vision", 1, hours=1))
+                        for i in range(1, 51)
+                    )
+                )
+            return [ok(r) for r in responses]
+
+        answers = asyncio.run(burst())
+        admitted = [a for a in answers if a["verdict"] == "admit"]
+        assert len(admitted) == 12 and all(a["lane"] == "budget" for a in admitted)
+        assert {a["reasons"][0]["code"] for a in answers if a["verdict"] != "admit"} == {"over-budget"}
+        balance = ok(httpx.get(f"{url}/v1/projects/vision/balance", headers=ADMIN))
+        line = balance["allocations"][0]
+        assert line["held_units"] == 500 * UNITS_PER_GPU_HOUR and line["remaining_units"] == 0
+
+
+def test_time_slice_windows_follow_local_time_across_a_dst_change_and_recur_weekly(
+    settings: Settings,
+) -> None:
+    # Europe/Berlin moves to summer time on 2027-03-28: 22:00 local is 21:00 UTC before, 20:00 after.
+    before_change = 1_805_745_600  # Monday 2027-03-22 20:00 UTC = 21:00 CET: not yet
+    cases = [
+        (before_change, "budget"),
+        (before_change + 3600 + 1800, "time-slice"),  # 22:30 CET
+        (before_change + 7 * DAY, "time-slice"),  # Monday 03-29 20:00 UTC = 22:00 CEST: just open
+        (before_change + 7 * DAY - 60, "budget"),  # 21:59 CEST
+        (before_change + 7 * DAY + 8 * 3600 - 1, "time-slice"),  # the last second of the 8 hours
+        (before_change + 7 * DAY + 8 * 3600, "budget"),
+        (before_change + 5 * DAY + 3600 + 1800, "budget"),  # Saturday night: not a listed day
+    ]
+    with running_api(settings, Q1 + DAY) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        lanes = []
+        for at, _ in cases:
+            clock.now = at
+            lanes.append(_ask(api, _job("o-night", "olmo-ft", 16), dry_run=True)["lane"])
+    assert lanes == [lane for _, lane in cases]
+
+
+def test_an_unhealthy_host_makes_every_job_on_it_a_victim_whatever_its_class(settings: Settings) -> None:
+    with running_api(settings, MONDAY_NIGHT) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        jobs = [
+            ("guaranteed", "olmo-ft", 16, "standard", ("h1",)),
+            ("precious", "vision", 8, "non-preemptible", ("h1", "h2")),
+            ("scavenger", "broke", 8, "preemptible", ("h3",)),
+        ]
+        for job_id, project, gpus, priority, hosts in jobs:
+            decided = _ask(api, _job(job_id, project, gpus, priority_class=priority))
+            assert decided["verdict"] == "admit", decided
+            send_events(settings, _started(job_id, project, gpus, MONDAY_NIGHT - 600, hosts))
+        service = api.app.state.admission  # type: ignore[attr-defined]
+        wait_until(lambda: all(service.state.jobs[j].started for j, *_ in jobs), 30, "jobs seen running")
+
+        calm = ok(api.post("/v1/preemption/plan", json={"cluster": "h100-a", "gpus": 8}, headers=SCHEDULER))
+        assert [v["job_id"] for v in calm["victims"]] == ["scavenger"]  # the guarantee and HIGH are safe
+
+        broken = {"cluster": "h100-a", "host": "h1", "healthy": False, "reason": "ECC errors"}
+        ok(api.post("/v1/hosts/health", json=broken, headers=SCHEDULER))
+        plan = ok(api.post("/v1/preemption/plan", json={"cluster": "h100-a", "gpus": 0}, headers=SCHEDULER))
+        assert {v["job_id"]: v["code"] for v in plan["victims"]} == {
+            "guaranteed": "unhealthy-host", "precious": "unhealthy-host",
+        }  # fmt: skip
+        assert plan["gpus_freed"] == 24
+        more = ok(api.post("/v1/preemption/plan", json={"cluster": "h100-a", "gpus": 30}, headers=SCHEDULER))
+        assert [v["job_id"] for v in more["victims"]][-1] == "scavenger" and more["enough"]
+
+
+def test_a_rebuilt_service_answers_as_the_one_before_it(settings: Settings) -> None:
+    asks = [_job("r1", "vision", 16, hours=10), _job("r2", "olmo-ft", 40), _job("r3", "broke", 4)]
+    probe = _job("r4", "vision", 16, hours=20)
+    with running_api(settings, TUESDAY_NOON) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        before = [_ask(api, body) for body in asks]
+        what_if = _ask(api, probe, dry_run=True)
+    with running_api(settings, TUESDAY_NOON) as (api, _):
+        again = [ok(api.get(f"/v1/admission/{body['job_id']}", headers=SCHEDULER)) for body in asks]
+        assert again == before
+        assert [_ask(api, body) for body in asks] == before  # asked again: no second hold
+        assert _ask(api, probe, dry_run=True) == what_if
+        balance = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
+        assert balance["allocations"][0]["held_units"] == 16 * 10 * 3600 * 10**6
+
+
+def test_usage_spends_the_hold_and_the_end_of_the_job_releases_the_rest(
+    settings: Settings, tmp_path: Path
+) -> None:
+    start = TUESDAY_NOON
+    events = _run("u1", "vision", start=start, end=start + 3600, gpus=4)
+    with running_api(settings, start) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        assert _ask(api, _job("u1", "vision", 4, hours=3))["verdict"] == "admit"  # 12 GPU-hours held
+        service = api.app.state.admission  # type: ignore[attr-defined]
+
+        def line() -> dict[str, Any]:
+            return ok(api.get("/v1/projects/vision/balance", headers=ADMIN))["allocations"][0]  # type: ignore[no-any-return]
+
+        meter = MeterWorker(settings, tmp_path / "logs")
+        try:
+            meter.wait_ready()
+            send_events(settings, events[:-1])  # 50 minutes of use; the job is still running
+            wait_until(lambda: service.state.jobs["u1"].started, 30, "the job seen running")
+            clock.now = start + 3000
+            spent = wait_until(lambda: (x := line())["charged_units"] == 4 * 3000 * 10**6 and x, 60, "usage")
+            assert spent["held_units"] == 12 * UNITS_PER_GPU_HOUR - spent["charged_units"]
+
+            clock.now = start + 3600
+            send_events(settings, events[-1:])
+            full_hour = 4 * 3600 * 10**6
+            done = wait_until(
+                lambda: (x := line())["held_units"] == 0 and x["charged_units"] == full_hour and x,
+                60,
+                "released",
+            )
+        finally:
+            meter.kill()
+        assert done["remaining_units"] == 500 * UNITS_PER_GPU_HOUR - done["charged_units"]
+        assert service.state.holds["u1"].released
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (_job("x", "nobody", 1), 404, "no project"),
+        ({**_job("x", "vision", 1), "cluster": "nowhere"}, 404, "no cluster"),
+        (_job("x", "vision", 65), 422, "has 64"),
+        (_job("x", "vision", 1, hours=-2), 422, "greater than 0"),
+        ({**_job("x", "vision", 1), "gpu_type": "B300"}, 422, "not B300"),
+        ({**_job("x", "vision", 1), "gpus": 0}, 422, "greater than or equal to 1"),
+    ],
+    ids=[
+        "an unknown project",
+        "an unknown cluster",
+        "more GPUs than the cluster has",
+        "negative hours",
+        "the wrong GPU type",
+        "zero GPUs",
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_clear_message(
+    settings: Settings, body: dict[str, Any], status: int, needle: str
+) -> None:
+    with running_api(settings, TUESDAY_NOON) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        response = api.post("/v1/admission", json=body, headers=SCHEDULER)
+        assert response.status_code == status and needle in response.text, response.text
+        assert api.post("/v1/admission", json=_job("y", "vision", 1), headers=ALICE).status_code == 403
+        assert api.post("/v1/admission", json=_job("y", "vision", 1)).status_code == 401
