@@ -16,6 +16,7 @@ from rich.table import Table
 from allmende import procs
 from allmende.api_client import api_url as _api_url
 from allmende.api_client import local_admin_token, local_admin_token_file
+from allmende.cli_admission import host_app, preempt
 from allmende.cli_budget import apply as budget_apply
 from allmende.cli_budget import balance as budget_balance
 from allmende.cli_budget import budget_app
@@ -29,6 +30,8 @@ kafka_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_a
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(budget_app, name="budget")
 app.command("fairshare")(fairshare)
+app.add_typer(host_app, name="host")
+app.command("preempt")(preempt)
 console = Console()
 
 DEMO_TRACE = PROJECT_ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"

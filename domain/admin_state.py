@@ -140,14 +140,20 @@ class AdminState:
     revoked: dict[str, AgreementRevoked] = field(default_factory=dict)
     history: list[AdminEvent] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
+    by_id: dict[str, AdminEvent] = field(default_factory=dict)
 
     # -- fold ---------------------------------------------------------------------------------
     def apply(self, event: AdminEvent) -> bool:
         """Fold one event from the log; False when its id was already applied (a duplicate)."""
         if event.event_id in self._seen:
             return False
+        self._fold(event)  # first: an event that cannot be folded leaves no trace in the history
         self._seen.add(event.event_id)
         self.history.append(event)
+        self.by_id[event.event_id] = event
+        return True
+
+    def _fold(self, event: AdminEvent) -> None:
         match event:
             case NodeDeclared():
                 self.nodes[event.node_id] = Node(
@@ -203,7 +209,6 @@ class AdminState:
                 self.revoked.pop(event.agreement_id, None)
             case AgreementRevoked():
                 self.revoked[event.agreement_id] = event
-        return True
 
     @classmethod
     def of(cls, events: Iterable[AdminEvent]) -> AdminState:
@@ -366,17 +371,16 @@ class AdminState:
         except PolicyInvalid as exc:
             raise InvalidChange(str(exc)) from None
         # Past charges are never rewritten: a policy may only start where nothing is charged yet.
-        if event.effective_from < now:
-            if charge_horizon is None:
-                raise RetroactivePolicy(
-                    f"policy {event.policy_id} would take effect at {event.effective_from}, before now "
-                    f"({now}); with the ledger in another process a policy can only take effect later"
-                )
-            if event.effective_from < charge_horizon:
-                raise RetroactivePolicy(
-                    f"policy {event.policy_id} would take effect at {event.effective_from}, but the ledger "
-                    f"has charged usage up to {charge_horizon}; past charges are not rewritten"
-                )
+        if charge_horizon is None and event.effective_from < now:
+            raise RetroactivePolicy(
+                f"policy {event.policy_id} would take effect at {event.effective_from}, before now "
+                f"({now}); with the ledger in another process a policy can only take effect later"
+            )
+        if charge_horizon is not None and event.effective_from < charge_horizon:
+            raise RetroactivePolicy(
+                f"policy {event.policy_id} would take effect at {event.effective_from}, but the ledger "
+                f"has charged usage up to {charge_horizon}; past charges are not rewritten"
+            )
 
     def _check_grant(self, event: AllocationGranted) -> None:
         if event.allocation_id in self.allocations:
@@ -454,4 +458,5 @@ class AdminState:
             revoked=dict(self.revoked),
             history=list(self.history),
             _seen=set(self._seen),
+            by_id=dict(self.by_id),
         )

@@ -56,6 +56,19 @@ class ChargePolicy:
         _check_rate("interactive rate", self.interactive_rate)
         if self.default_gpu_type_weight is not None:
             _check_rate("default GPU type weight", self.default_gpu_type_weight)
+        # Every class priced, none free, and dearer as it gets harder to interrupt: HIGH is a price.
+        missing = [c for c in PRIORITY_CLASSES if c not in self.priority_multipliers]
+        if missing:
+            raise PolicyInvalid(f"policy {self.policy_id} has no multiplier for {', '.join(missing)}")
+        multipliers = [self.priority_multipliers[c] for c in PRIORITY_CLASSES]
+        if min(multipliers) <= 0 or multipliers != sorted(multipliers):
+            raise PolicyInvalid(
+                f"policy {self.policy_id}: multipliers must be above 0 and preemptible <= standard <= "
+                f"non-preemptible, got {dict(zip(PRIORITY_CLASSES, multipliers, strict=True))}"
+            )
+        weights = [*self.gpu_type_weights.values(), self.default_gpu_type_weight or RATE_SCALE]
+        if min(weights) <= 0 or self.interactive_rate <= 0:
+            raise PolicyInvalid(f"policy {self.policy_id}: GPU time is never free; weights and rates above 0")
 
     def rate_per_gpu_second(self, gpu_type: str, priority_class: str, interactive: bool) -> int:
         """Charge units per GPU-second for this kind of GPU time."""

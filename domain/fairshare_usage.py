@@ -35,9 +35,7 @@ Slot = tuple[int, str, str]  # (hour index, cluster, GPU type): what a budget's 
 
 @dataclass(slots=True)
 class _Held:
-    revision: tuple[int, str]
-    project: str
-    job_id: str
+    entry: LedgerEntry  # kept to price it again when a policy arrives late
     hours: dict[Slot, int]  # charge units
 
 
@@ -55,19 +53,31 @@ class UsageLedger:
     def apply(self, entry: LedgerEntry, timeline: PolicyTimeline) -> bool:
         """Take one entry revision; False when an equal or later one was already taken."""
         held = self.entries.get(entry.entry_id)
-        if held is not None and held.revision >= entry.revision_key():
+        if held is not None and held.entry.revision_key() >= entry.revision_key():
             return False
+        self._replace(held, entry, timeline)
+        self.clock = max(self.clock, entry.interval_end)
+        return True
+
+    def reprice(self, timeline: PolicyTimeline, since: int) -> int:
+        """Price again every entry with use from `since` on (a policy the stream saw late); returns
+        how many. The ledger never charged that use under another policy (policies start after the
+        charge horizon), so this only catches up with what the ledger writer priced."""
+        later = [h for h in self.entries.values() if h.entry.interval_end > since]
+        for held in later:
+            self._replace(held, held.entry, timeline)
+        return len(later)
+
+    def _replace(self, held: _Held | None, entry: LedgerEntry, timeline: PolicyTimeline) -> None:
         if held is not None:
-            self._add(held.project, held.job_id, held.hours, -1)
+            self._add(held.entry.project, held.entry.job_id, held.hours, -1)
         hours: dict[Slot, int] = {}
         if entry.project != UNATTRIBUTED and entry.gpus:
             for hour, span in priced_pieces(entry, timeline, BUCKET_S):
                 slot = (hour, entry.cluster, entry.gpu_type)
                 hours[slot] = hours.get(slot, 0) + span.charge_units
-        self.entries[entry.entry_id] = _Held(entry.revision_key(), entry.project, entry.job_id, hours)
+        self.entries[entry.entry_id] = _Held(entry, hours)
         self._add(entry.project, entry.job_id, hours, 1)
-        self.clock = max(self.clock, entry.interval_end)
-        return True
 
     def _add(self, project: str, job_id: str, hours: Mapping[Slot, int], sign: int) -> None:
         if not hours:
@@ -125,12 +135,35 @@ def decayed_usage(
     return usage
 
 
-def share_tree(nodes: Mapping[str, Node], projects_with_usage: Iterable[str]) -> ShareTree:
-    """The fair-share tree of the organisation; projects that used GPUs undeclared get 0 shares.
+def share_tree(nodes: Mapping[str, Node], usage: Mapping[str, float]) -> tuple[ShareTree, dict[str, float]]:
+    """The fair-share tree of the organisation and the usage of each of its leaves.
 
-    A project without shares still appears (with factor 0): its usage is real and counts in
-    everybody's normalisation.
+    Projects are the leaves; an organisation or group with no project below it is left out (an
+    empty account would take a rank from real ones). Usage is never dropped: a project that used
+    GPUs without being declared becomes a leaf under the root with 0 shares (its usage is real
+    and counts in everybody's normalisation); usage booked on an inner node, or on the reserved
+    id "root", becomes a 0-share leaf `<id>:own` under that node.
     """
-    declared = [ShareNode(n.node_id, n.parent or ROOT, n.shares) for _, n in sorted(nodes.items())]
-    undeclared = sorted(set(projects_with_usage) - set(nodes) - {UNATTRIBUTED})
-    return ShareTree([*declared, *(ShareNode(p, ROOT, 0) for p in undeclared)])
+    children: dict[str | None, list[str]] = {}
+    for node in nodes.values():
+        children.setdefault(node.parent, []).append(node.node_id)
+
+    def kept(node_id: str) -> bool:
+        return nodes[node_id].kind == "project" or any(kept(c) for c in children.get(node_id, []))
+
+    keep = {n for n in nodes if kept(n)}
+    tree_nodes = [ShareNode(n, nodes[n].parent or ROOT, nodes[n].shares) for n in sorted(keep)]
+    leaf_usage: dict[str, float] = {}
+    for project, amount in sorted(usage.items()):
+        if project == UNATTRIBUTED:
+            continue
+        if project in keep and nodes[project].kind == "project":
+            leaf_usage[project] = amount
+        elif project in keep or project == ROOT:
+            own = f"{project}:own"
+            tree_nodes.append(ShareNode(own, project, 0))
+            leaf_usage[own] = amount
+        else:
+            tree_nodes.append(ShareNode(project, ROOT, 0))
+            leaf_usage[project] = amount
+    return ShareTree(tree_nodes), leaf_usage

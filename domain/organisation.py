@@ -38,6 +38,8 @@ def check_node(nodes: dict[str, Node], node: Node) -> None:
     """Raise TreeInvalid unless `node` can be declared (or changed) in the tree `nodes`."""
     if node.node_id == ROOT:
         raise TreeInvalid(f"{ROOT!r} is the implicit root; choose another node id")
+    if node.kind == "project" and any(n.parent == node.node_id for n in nodes.values()):
+        raise TreeInvalid(f"node {node.node_id!r} has children and cannot become a project")
     if node.parent is None:
         return
     parent = nodes.get(node.parent)
@@ -45,8 +47,6 @@ def check_node(nodes: dict[str, Node], node: Node) -> None:
         raise TreeInvalid(f"node {node.node_id!r}: parent {node.parent!r} is not declared")
     if parent.kind == "project":
         raise TreeInvalid(f"node {node.node_id!r}: parent {node.parent!r} is a project; projects are leaves")
-    if node.kind == "project" and any(n.parent == node.node_id for n in nodes.values()):
-        raise TreeInvalid(f"node {node.node_id!r} has children and cannot become a project")
     ancestor: str | None = node.parent
     seen = 0
     while ancestor is not None:

@@ -14,12 +14,13 @@ adjusted to zero).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Literal, TypedDict
 
 from domain.admin_state import AdminState
-from domain.allocations import UNITS_PER_GPU_HOUR
+from domain.allocations import UNITS_PER_GPU_HOUR, Allocation
 from domain.organisation import Cluster, Node
 from domain.plan_file import AgreementSpec, Plan, to_unix
 from schemas.admin_events import (
@@ -42,6 +43,10 @@ Action = Literal["declare", "change", "grant", "adjust", "revoke"]
 class PlanConflict(ValueError):
     """The plan contradicts the state in a way only a person can resolve (reuse of an id)."""
 
+    def __init__(self, message: str, where: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.where = where  # the place in the file: ("allocations", 2)
+
 
 class _Envelope(TypedDict):
     event_id: str
@@ -57,6 +62,7 @@ class Change:
     target: str
     detail: str
     event: AdminEvent
+    where: tuple[str | int, ...] = ()  # the place in the file it comes from (none for revocations)
 
 
 def hours(units: int) -> str:
@@ -89,7 +95,9 @@ def _depth(nodes: dict[str, str | None], node_id: str) -> int:
     return depth
 
 
-def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]:
+def diff(
+    plan: Plan, state: AdminState, *, actor: str, now: int, charged: Callable[[Allocation], int] = lambda _: 0
+) -> list[Change]:
     """The changes that bring `state` to `plan`, in an order the rules accept (parents first)."""
     source = f"plan:{plan.plan}"
     position = len(state.history)
@@ -107,17 +115,19 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
             "reason": f"plan {plan.plan} for {label}",
         }
 
-    for c in plan.clusters:
+    for i, c in enumerate(plan.clusters):
         held = state.clusters.get(c.name)
         if held != Cluster(c.name, c.gpu_type, c.gpus):
             event = ClusterDeclared(**envelope(), cluster=c.name, gpu_type=c.gpu_type, gpus=c.gpus)
             what = f"{c.gpus} {c.gpu_type} GPUs" + (f" (was {held.gpus} {held.gpu_type})" if held else "")
-            changes.append(Change("change" if held else "declare", f"cluster {c.name}", what, event))
+            action: Action = "change" if held else "declare"
+            changes.append(Change(action, f"cluster {c.name}", what, event, ("clusters", i)))
 
     parents = {
         **{n.node_id: n.parent for n in state.nodes.values()},
         **{n.id: n.parent for n in plan.organisation},
     }
+    at_line = {n.id: i for i, n in enumerate(plan.organisation)}
     for n in sorted(plan.organisation, key=lambda n: _depth(parents, n.id)):
         held_node = state.nodes.get(n.id)
         wanted = Node(n.id, n.parent, n.kind, n.shares, tuple(n.leads))
@@ -129,7 +139,8 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
             what = (
                 f"{n.kind} under {n.parent or 'root'}, shares {n.shares}, leads {', '.join(n.leads) or '-'}"
             )
-            changes.append(Change("change" if held_node else "declare", f"{n.kind} {n.id}", what, event))
+            action = "change" if held_node else "declare"
+            changes.append(Change(action, f"{n.kind} {n.id}", what, event, ("organisation", at_line[n.id])))
 
     if plan.policy is not None:
         p = plan.policy
@@ -141,17 +152,18 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
         if held_policy is None:
             event = PolicyChanged(**envelope(), policy_id=p.id, effective_from=effective_from, **rates)
             since = dt.datetime.fromtimestamp(effective_from, dt.UTC).isoformat()
-            changes.append(Change("declare", f"policy {p.id}", f"in force from {since}", event))
+            changes.append(Change("declare", f"policy {p.id}", f"in force from {since}", event, ("policy",)))
         elif (held_policy.effective_from, held_policy.gpu_type_weights, held_policy.default_gpu_type_weight,
               held_policy.priority_multipliers, held_policy.interactive_rate) != (
               effective_from, rates["gpu_type_weights"], rates["default_gpu_type_weight"],
               rates["priority_multipliers"], rates["interactive_rate"]):  # fmt: skip
             raise PlanConflict(
-                f"policy {p.id} exists with other rates; a new price list needs a new policy id"
+                f"policy {p.id} exists with other rates; a new price list needs a new policy id", ("policy",)
             )
 
     listed = set()
-    for a in plan.allocations:
+    for i, a in enumerate(plan.allocations):
+        where: tuple[str | int, ...] = ("allocations", i)
         allocation_id = a.allocation_id(label)
         listed.add(allocation_id)
         held_alloc = state.allocations.get(allocation_id)
@@ -162,19 +174,24 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
                 period_end=period[1], amount_units=a.amount_units, cluster=a.cluster, gpu_type=a.gpu_type,
                 rollover=a.rollover,
             )  # fmt: skip
-            changes.append(Change("grant", f"allocation {allocation_id}", hours(a.amount_units), event))
+            changes.append(
+                Change("grant", f"allocation {allocation_id}", hours(a.amount_units), event, where)
+            )
             continue
         if (held_alloc.project, held_alloc.start, held_alloc.end, held_alloc.cluster, held_alloc.gpu_type,
                 held_alloc.rollover) != (a.project, *period, a.cluster, a.gpu_type, a.rollover):  # fmt: skip
             raise PlanConflict(
-                f"allocation {allocation_id} exists with another project, period or scope; give it another id"
+                f"allocation {allocation_id} exists with another project, period or scope; "
+                "give it another id",
+                where,
             )
         set_part = held_alloc.granted_units + held_alloc.adjusted_units
         if set_part != a.amount_units and not held_alloc.expired:
             if held_alloc.allocated_units + a.amount_units - set_part < 0:
                 raise PlanConflict(
                     f"allocation {allocation_id} has moved {held_alloc.transferred_out_units} units out "
-                    f"by transfers; it cannot be set to {hours(a.amount_units)}"
+                    f"by transfers; it cannot be set to {hours(a.amount_units)}",
+                    where,
                 )
             event = AllocationAdjusted(
                 **envelope(), allocation_id=allocation_id, delta_units=a.amount_units - set_part
@@ -185,16 +202,26 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
                     f"allocation {allocation_id}",
                     f"{hours(set_part)} -> {hours(a.amount_units)}",
                     event,
+                    where,
                 )
             )
     for held_alloc in sorted(state.allocations.values(), key=lambda x: x.allocation_id):
         set_part = held_alloc.granted_units + held_alloc.adjusted_units
         ours = any(e.source == source for e in state.history if isinstance(e, AllocationGranted)
                    and e.allocation_id == held_alloc.allocation_id)  # fmt: skip
-        # What the plan granted goes back, short of what transfers already moved out; units
-        # transferred in came from other budgets and stay.
-        take_back = min(set_part, held_alloc.allocated_units)
-        if ours and held_alloc.allocation_id not in listed and take_back > 0 and not held_alloc.expired:
+        # What the plan granted and nobody spent goes back: not what transfers moved out, not
+        # what usage already charged; units transferred in came from other budgets and stay. Only
+        # this plan's period: the same plan name for the next quarter leaves the last one alone.
+        unspent = held_alloc.allocated_units - charged(held_alloc)
+        take_back = max(0, min(set_part, unspent))
+        this_period = (held_alloc.start, held_alloc.end) == period
+        if (
+            ours
+            and this_period
+            and held_alloc.allocation_id not in listed
+            and take_back > 0
+            and not held_alloc.expired
+        ):
             event = AllocationAdjusted(
                 **envelope(), allocation_id=held_alloc.allocation_id, delta_units=-take_back
             )
@@ -209,7 +236,7 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
             )
 
     listed_agreements = set()
-    for g in plan.agreements:
+    for i, g in enumerate(plan.agreements):
         listed_agreements.add(g.id)
         window = _window(g, period)
         held_agreement = state.agreements.get(g.id)
@@ -223,7 +250,7 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
                 window=window,
             )
             what = f"{g.gpus} GPUs of {g.cluster} for {g.project}, {window.kind} window"
-            changes.append(Change("grant", f"agreement {g.id}", what, event))
+            changes.append(Change("grant", f"agreement {g.id}", what, event, ("agreements", i)))
             continue
         held_terms = (
             held_agreement.project,
@@ -232,7 +259,10 @@ def diff(plan: Plan, state: AdminState, *, actor: str, now: int) -> list[Change]
             held_agreement.window,
         )
         if g.id in state.revoked or held_terms != (g.project, g.cluster, g.gpus, window):
-            raise PlanConflict(f"agreement {g.id} exists with other terms (or was revoked); give it a new id")
+            raise PlanConflict(
+                f"agreement {g.id} exists with other terms (or was revoked); give it a new id",
+                ("agreements", i),
+            )
     for agreement_id, granted in sorted(state.agreements.items()):
         if (
             granted.source == source

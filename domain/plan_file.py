@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import (
@@ -29,9 +30,14 @@ from domain.charging import RATE_SCALE
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
 
 
+EARLIEST, LATEST = 1_000_000_000, 10_000_000_000  # the events' bounds: 2001-09-09 .. 2286-11-20
+
+
 def _zoned(value: int | dt.datetime | dt.date) -> int | dt.datetime | dt.date:
     if isinstance(value, dt.datetime) and value.tzinfo is None:
         raise ValueError(f"{value.isoformat()} has no time zone; add Z or an offset")
+    if not EARLIEST <= to_unix(value, "instant") < LATEST:
+        raise ValueError(f"{value} is outside 2001-09-09 .. 2286-11-20")
     return value
 
 
@@ -170,6 +176,16 @@ class WeeklySpec(_Model):
     hours: Annotated[Decimal, Field(gt=0, le=168)]
     time_zone: str
     valid_from: Instant | None = None  # default: the period's start
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # "Europe" is a directory, not a zone
+            raise ValueError(f"unknown time zone {value!r}; use an IANA name like Europe/Berlin") from None
+        return value
+
     valid_until: Instant | None = None  # default: the period's end
 
     @field_validator("days")
@@ -219,9 +235,27 @@ class Plan(_Model):
     @field_validator("period")
     @classmethod
     def _period(cls, value: str | PeriodSpec) -> str | PeriodSpec:
-        if isinstance(value, str):
-            quarter_bounds(value)
+        if isinstance(value, str) and not EARLIEST <= quarter_bounds(value)[0] < LATEST:
+            raise ValueError(f"{value} is outside 2001-09-09 .. 2286-11-20")
         return value
+
+    @field_validator("clusters", "organisation", "agreements")
+    @classmethod
+    def _unique(cls, items: list[Any]) -> list[Any]:
+        # Two entries with one id would make every apply flip between them: never idempotent.
+        ids = [getattr(item, "name", None) or item.id for item in items]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"listed more than once: {', '.join(twice)}")
+        return items
+
+    @model_validator(mode="after")
+    def _unique_allocations(self) -> Plan:
+        ids = [a.allocation_id(self.period_label()) for a in self.allocations]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"allocations listed more than once: {', '.join(twice)} (give them ids)")
+        return self
 
     def bounds(self) -> tuple[int, int]:
         if isinstance(self.period, str):
@@ -252,6 +286,14 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
         node = found
         line = node.start_mark.line + 1
     return line
+
+
+def locate(text: str, where: tuple[str | int, ...]) -> int | None:
+    """The line of a place in the file (("allocations", 2)), to point a refusal at it."""
+    try:
+        return _line_of(yaml.compose(text, Loader=yaml.SafeLoader), where) if where else None
+    except yaml.YAMLError:
+        return None
 
 
 def parse_plan(text: str) -> Plan:

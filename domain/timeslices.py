@@ -94,7 +94,7 @@ class WeeklyWindow:
             raise AgreementInvalid(f"duration is 1 to {MAX_DURATION} seconds (7 days), got {self.duration}")
         try:
             ZoneInfo(self.time_zone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):  # "Europe" is a directory
             raise AgreementInvalid(f"unknown time zone {self.time_zone!r}") from None
         _check_int("valid_from", self.valid_from)
         _check_int("valid_until", self.valid_until)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from domain.admin_state import AdminState
-from domain.allocations import Allocation
+from domain.admin_state import AdminRejected, AdminState, Conflict
+from domain.allocations import Allocation, next_period, period_label
 from domain.balances import ProjectBalance, project_balance, segments
-from domain.plan import Change, diff
-from domain.plan_file import parse_plan
+from domain.plan import Change, PlanConflict, diff
+from domain.plan_file import PlanInvalid, locate, parse_plan
 from schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
 from services.admin_log import AdminLog
 from services.ledger_store import LedgerStore
@@ -65,25 +65,45 @@ class AdminService:
     def submit(self, events: Sequence[AdminEvent]) -> Outcome:
         """Check every event against the state the ones before it leave, then publish them all.
 
-        An event whose id is on the log already is a retry: it is answered, not appended again.
+        An event whose id is on the log already is a retry: it is answered with what the log
+        holds, not appended again; the same id with other content is a conflict.
         """
-        with self._lock, self._posting_paused(events):
+        with self._lock:
+            return self._submit(events)
+
+    def _submit(self, events: Sequence[AdminEvent]) -> Outcome:
+        with self._posting_paused(events):
             state = self.state()
             trial = state.copy()
+            # One clock for the log: never behind its last event, so an as-of replay by time
+            # folds every event after the ones it depends on.
+            at = max([self.now(), *(e.occurred_at for e in state.history[-1:])])
+            horizon = self._charge_horizon()
             fresh: list[AdminEvent] = []
             seen: list[AdminEvent] = []
-            horizon = self.writer.horizon if self.writer is not None else None
             for event in events:
-                if event.event_id in trial._seen:
-                    seen.append(event)
+                held = trial.by_id.get(event.event_id)
+                if held is not None:
+                    if _content(held) != _content(event):
+                        raise Conflict(
+                            f"event id {event.event_id} (an idempotency key) was used for another request"
+                        )
+                    seen.append(held)
                     continue
-                trial.check(event, now=self.now(), charged=self._charged_by(trial), charge_horizon=horizon)
+                event = event.model_copy(update={"occurred_at": at})
+                trial.check(event, now=at, charged=self._charged_by(trial), charge_horizon=horizon)
                 trial.apply(event)
                 fresh.append(event)
             if fresh:
                 self.log.publish(fresh)
                 log.info("admin_events_published", events=[f"{e.type}:{e.event_id}" for e in fresh])
             return Outcome(tuple(fresh), tuple(seen))
+
+    def _charge_horizon(self) -> int | None:
+        """The latest charged instant, when the writer's posting lock makes it exact; else None."""
+        if self.writer is None:
+            return None
+        return max(self.writer.horizon or 0, self.store.charge_horizon())
 
     def _posting_paused(self, events: Sequence[AdminEvent]) -> AbstractContextManager[object]:
         # A policy is checked against the charge horizon and published while no batch is being
@@ -93,38 +113,65 @@ class AdminService:
         return nullcontext()
 
     def plan(self, text: str, actor: str) -> list[Change]:
-        """The changes a plan file would make now, without making them."""
-        return diff(parse_plan(text), self.state(), actor=actor, now=self.now())
+        """The changes a plan file would make now, without making them.
+
+        Each change is checked by the same rules an apply meets, on a trial state, so a preview
+        shows every refusal, with the line of the file it comes from.
+        """
+        plan = parse_plan(text)
+        state = self.state()
+        now = self.now()
+        try:
+            changes = diff(plan, state, actor=actor, now=now, charged=self._charged_by(state))
+        except PlanConflict as exc:
+            raise PlanInvalid([(locate(text, exc.where), _field(exc.where, "<file>"), str(exc))]) from None
+        trial = state.copy()
+        horizon = self._charge_horizon()
+        problems: list[tuple[int | None, str, str]] = []
+        for change in changes:
+            try:
+                trial.check(change.event, now=now, charged=self._charged_by(trial), charge_horizon=horizon)
+                trial.apply(change.event)
+            except AdminRejected as exc:
+                problems.append((locate(text, change.where), _field(change.where, change.target), str(exc)))
+        if problems:
+            raise PlanInvalid(problems)
+        return changes
 
     def apply_plan(self, text: str, actor: str) -> tuple[list[Change], Outcome]:
+        # Diff and submit under one lock: two applies of one plan cannot interleave.
         with self._lock:
             changes = self.plan(text, actor)
-        return changes, self.submit([c.event for c in changes])
+            return changes, self._submit([c.event for c in changes])
 
     def expire_due(self, actor: str = "allmende-expiry") -> Outcome:
-        """Expire every allocation whose period has ended: unused units are forfeited or rolled over."""
+        """Expire every allocation whose period has ended, once the ledger has reached its end.
+
+        Expiry follows the ledger's clock (the latest charged instant), not only the wall clock:
+        a backfill of last year's usage must not expire its periods before their usage is in.
+        Each allocation expires on its own, so one refusal does not hold the others back.
+        """
         now = self.now()
         if self.writer is not None and not self.writer.caught_up.is_set():
             return Outcome((), ())  # usage of the ended period may still be on its way
+        horizon = self.store.charge_horizon()
         state = self.state()
-        events: list[AdminEvent] = []
+        applied: list[AdminEvent] = []
         for a in sorted(state.allocations.values(), key=lambda x: x.allocation_id):
-            if a.expired or a.end + self.expiry_grace_s > now:
+            if a.expired or a.end + self.expiry_grace_s > now or horizon < a.end:
                 continue
             unused = max(0, a.allocated_units - self._charged_by(state)(a))
-            events.append(
-                AllocationExpired(
-                    event_id=f"expire:{a.allocation_id}",
-                    occurred_at=now,
-                    actor=actor,
-                    source="expiry",
-                    reason=f"period {a.period} ended",
-                    allocation_id=a.allocation_id,
-                    unused_units=unused,
-                    rollover_allocation_id=f"{a.allocation_id}+rollover" if a.rollover and unused else None,
-                )
-            )
-        return self.submit(events) if events else Outcome((), ())
+            successor = f"{a.allocation_id.split('+')[0]}+{period_label(*next_period(a.start, a.end))}"
+            event = AllocationExpired(
+                event_id=f"expire:{a.allocation_id}", occurred_at=now, actor=actor, source="expiry",
+                reason=f"period {a.period} ended", allocation_id=a.allocation_id, unused_units=unused,
+                rollover_allocation_id=successor if a.rollover and unused else None,
+            )  # fmt: skip
+            try:
+                applied.extend(self.submit([event]).applied)
+            except AdminRejected as exc:
+                log.error("expiry_refused", allocation=a.allocation_id, reason=str(exc))
+        return Outcome(tuple(applied), ())
 
     # -- reads --------------------------------------------------------------------------------
     def balance(
@@ -155,3 +202,12 @@ class AdminService:
             return line.charged_units + line.held_units
 
         return charged
+
+
+def _field(where: tuple[str | int, ...], default: str) -> str:
+    return ".".join(str(part) for part in where) or default
+
+
+def _content(event: AdminEvent) -> dict[str, object]:
+    """What a retry must repeat: everything but the instant, which the log sets."""
+    return event.model_dump(exclude={"occurred_at"})

@@ -83,6 +83,7 @@ class FairShareCalculator:
         self.lock = threading.Lock()
         self._published_key: tuple[int, int, int] | None = None
         self._changes = 0  # bumped by every revision taken: a new snapshot is due
+        self._policies: dict[str, int] = {}  # policy id -> effective from, as last priced
 
     # -- the maths on the current state (pure of Kafka) ----------------------------------------
     def compute(self) -> FairShareResult:
@@ -92,8 +93,7 @@ class FairShareCalculator:
             hours = self.usage.project_hours()
         resets = [quarter_start(clock)] if s.fairshare_reset == "quarterly" and clock else []
         usage = decayed_usage(hours, clock, s.fairshare_half_life_s, resets)
-        tree = share_tree(self.admin_log.state.nodes, usage)
-        leaves = {p: u for p, u in usage.items() if p in tree and tree.is_leaf(p)}
+        tree, leaves = share_tree(self.admin_log.state.nodes, usage)
         return compute_fairshare(tree, leaves, Algorithm(s.fairshare_algorithm))
 
     def snapshot(self) -> Snapshot:
@@ -105,6 +105,7 @@ class FairShareCalculator:
     def take(self, values: list[bytes]) -> bool:
         """Fold ledger-entry records (values) into the usage; True if anything changed."""
         timeline = self.admin_log.timeline()
+        policies = {p.policy_id: p.effective_from for p in self.admin_log.state.policies.values()}
         entries = []
         for value in values:
             try:
@@ -113,6 +114,10 @@ class FairShareCalculator:
                 continue  # the ledger writer dead-letters these; fair share just skips them
         changed = False
         with self.lock:
+            fresh = [at for pid, at in policies.items() if pid not in self._policies]
+            if fresh:
+                changed |= self.usage.reprice(timeline, min(fresh)) > 0
+                self._policies = policies
             for entry in newest_per_entry(entries).values():
                 changed |= self.usage.apply(entry, timeline)
             self._changes += changed
@@ -150,6 +155,8 @@ class FairShareCalculator:
         producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, acks="all", linger_ms=20)
         with self.lock:
             self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
+            self._policies = {}
+        self.caught_up.clear()
         try:
             partitions = wait_for_partitions(consumer, s.ledger_entries_topic)
             consumer.assign(partitions)
@@ -159,8 +166,7 @@ class FairShareCalculator:
                 polled = consumer.poll(timeout_ms=200, max_records=20_000)
                 self.admin_log.catch_up()
                 values = [r.value for records in polled.values() for r in records]
-                if values:
-                    self.take(values)
+                self.take(values)  # also when empty: a new policy re-prices what it covers
                 behind = sum(
                     max(0, end - consumer.position(tp))
                     for tp, end in consumer.end_offsets(partitions).items()
@@ -171,9 +177,14 @@ class FairShareCalculator:
                 else:
                     self.caught_up.clear()
                 key = (self.usage.clock, self._changes, len(self.admin_log.state.history))
-                due = time.monotonic() - last_publish >= s.fairshare_publish_s or behind == 0
+                due = time.monotonic() - last_publish >= s.fairshare_publish_s
                 if key != self._published_key and due:
-                    self.publish(producer, key)
+                    try:
+                        self.publish(producer, key)
+                        self.last_error = None
+                    except Exception as exc:  # one bad snapshot must not stop the stream
+                        self.last_error = repr(exc)
+                        log.exception("fairshare_snapshot_failed", error=repr(exc))
                     last_publish = time.monotonic()
         finally:
             consumer.close(autocommit=False)

@@ -238,6 +238,7 @@ class LedgerWriter:
                     if s.writer_mode == "group":
                         consumer.commit_async()
                     self.batches += 1
+                    self.last_error = None  # posting again: a failure before is over
                 self._update_lag(consumer)
         finally:
             consumer.close(autocommit=False)

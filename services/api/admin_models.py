@@ -141,7 +141,8 @@ class ChangeOut(BaseModel):
 
 class PlanResult(BaseModel):
     changes: list[ChangeOut]
-    applied: bool
+    applied: bool = Field(description="false for a diff: nothing was changed")
+    applied_events: list[str] = Field(default=[], description="ids of the events this apply appended")
 
 
 class AllocationBalanceOut(BaseModel):

@@ -123,17 +123,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])
-    async def healthz(store: Store, writer: Writer) -> Health | JSONResponse:
+    async def healthz(request: Request, store: Store, writer: Writer) -> Health | JSONResponse:
         try:
             await run_in_threadpool(store.db.rows, "SELECT 1")
             clickhouse = "ok"
         except Exception as exc:  # health must answer, whatever broke
             clickhouse = f"error: {exc}"
         writer_state = "disabled" if writer is None else (writer.last_error or "running")
+        calculator = request.app.state.fairshare
+        fairshare = "disabled" if calculator is None else (calculator.last_error or "running")
+        # A writer or calculator that keeps failing is not "ok", whatever ClickHouse says.
+        healthy = (
+            clickhouse == "ok"
+            and writer_state in ("running", "disabled")
+            and fairshare in ("running", "disabled")
+        )
         health = Health(
-            status="ok" if clickhouse == "ok" else "degraded",
+            status="ok" if healthy else "degraded",
             clickhouse=clickhouse,
             writer=writer_state,
+            fairshare=fairshare,
             writer_batches=writer.batches if writer else 0,
             writer_caught_up=bool(writer and writer.caught_up.is_set()),
         )

@@ -38,6 +38,7 @@ class Health(BaseModel):
     writer: str
     writer_batches: int
     writer_caught_up: bool
+    fairshare: str = "disabled"
 
 
 class ErrorBody(BaseModel):

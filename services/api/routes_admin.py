@@ -7,6 +7,7 @@ a retry safe: the same key gives the same event id, answered as `unchanged` the 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Header, HTTPException, Path
@@ -284,13 +285,18 @@ async def expire(admin: Admin, service: Admins) -> CommandResult:
 
 async def _plan(service: AdminService, body: PlanRequest, actor: str, apply: bool) -> PlanResult:
     try:
+        applied: list[str] = []
         if apply:
-            changes, _ = await run_in_threadpool(service.apply_plan, body.text, actor)
+            changes, outcome = await run_in_threadpool(service.apply_plan, body.text, actor)
+            applied = [e.event_id for e in outcome.applied]
+            # The log's clock may have moved the instants: show the events as appended.
+            stored = {e.event_id: e for e in outcome.applied}
+            changes = [replace(c, event=stored.get(c.event.event_id, c.event)) for c in changes]
         else:
             changes = await run_in_threadpool(service.plan, body.text, actor)
     except (PlanInvalid, PlanConflict, AdminRejected) as exc:
         raise rejection(exc) from None
-    return PlanResult(changes=[ChangeOut.of(c) for c in changes], applied=apply)
+    return PlanResult(changes=[ChangeOut.of(c) for c in changes], applied=apply, applied_events=applied)
 
 
 @router.post(

@@ -53,6 +53,11 @@ def test_plan_apply_history_and_balance_from_the_command_line(settings: Settings
         tree = wait_until(tree_printed, 30, "the fair-share tree with the plan's projects")
         assert "FairShare" in tree and "LevelFS" in tree and "  olmo-ft" in tree  # indented under nlp
 
+        marked = runner.invoke(app, ["host", "unhealthy", "h100-a", "node-7", "--reason", "Xid 79"])
+        assert marked.exit_code == 0 and "HostUnhealthy recorded" in marked.output
+        plan_out = runner.invoke(app, ["preempt", "h100-a", "--gpus", "4"])
+        assert plan_out.exit_code == 0 and "NOT enough" in plan_out.output  # nothing runs yet
+
         stranger = CliRunner(env={"ALLMENDE_API_URL": url, "ALLMENDE_TOKEN": "nobody"})
         denied = stranger.invoke(app, ["budget", "balance", "olmo-ft"])
         assert denied.exit_code == 1 and "401" in denied.output

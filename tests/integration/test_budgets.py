@@ -247,6 +247,7 @@ def _tagged(settings: Settings, tag: str, tmp_path: Path) -> Settings:
 def _meter_all(settings: Settings, events: list[JobEvent], logs: Path, store: LedgerStore) -> None:
     """Meter `events` with a real worker and wait until the ledger holds all their GPU time."""
     meter = MeterWorker(settings, logs)
+    before = store.total_gpu_seconds()
     try:
         meter.wait_ready()
         send_events(settings, events)
@@ -254,7 +255,7 @@ def _meter_all(settings: Settings, events: list[JobEvent], logs: Path, store: Le
         for e in events:
             meters.setdefault(e.job_id, JobMeter(e.job_id)).apply(e)
         want = sum(m.gpu_seconds() for m in meters.values())
-        wait_until(lambda: store.total_gpu_seconds() == want, 90, f"{want} GPU-s posted")
+        wait_until(lambda: store.total_gpu_seconds() == before + want, 90, f"{want} more GPU-s posted")
     finally:
         meter.kill()
 
@@ -313,11 +314,15 @@ def test_allocations_expire_after_their_period_forfeiting_or_rolling_over_what_i
     q2 = Q1_2027 + 90 * 86_400
     with running_api(settings, NOW) as (api, clock):
         ok(api.post("/v1/admin/plan/apply", json={"text": text}, headers=ADMIN))
-        _meter_all(settings, _run("job-a", "olmo-ft", start=NOW - 7200, end=NOW), tmp_path / "logs",
-                   api.app.state.store)  # type: ignore[attr-defined]  # fmt: skip
+        store = api.app.state.store  # type: ignore[attr-defined]
+        _meter_all(settings, _run("job-a", "olmo-ft", start=NOW - 7200, end=NOW), tmp_path / "logs", store)
         wait_until(lambda: api.get("/healthz").json()["writer_caught_up"], 30, "writer caught up")
 
-        clock.now = q2 + 3600  # ended, but within the grace for late usage
+        clock.now = q2 + 2 * 86_400  # long ended, but the ledger has not reached the end yet
+        assert ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"] == []
+        _meter_all(settings, _run("job-q2", "vision", start=q2, end=q2 + 600), tmp_path / "logs-2", store)
+        wait_until(lambda: api.get("/healthz").json()["writer_caught_up"], 30, "writer caught up")
+        clock.now = q2 + 3600  # ended, and the ledger is past the end, but within the grace
         assert ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"] == []
         clock.now = q2 + 2 * 86_400
         expired = ok(api.post("/v1/admin/expiry", headers=ADMIN))["applied"]
@@ -331,7 +336,7 @@ def test_allocations_expire_after_their_period_forfeiting_or_rolling_over_what_i
         assert olmo["expired"] and olmo["charged_units"] == charged and olmo["remaining_units"] == 0
         assert Decimal(olmo["forfeited_gpu_hours"]) == Decimal(1000) - Decimal(8)  # type: ignore[arg-type]
         rolled = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
-        successor = _line(rolled, "vision/2027-Q1+rollover")
+        successor = _line(rolled, "vision/2027-Q1+2027-Q2")
         assert successor["period"] == "2027-Q2" and successor["allocated_units"] == 500 * UNITS_PER_GPU_HOUR
         assert Decimal(_line(rolled, "vision/2027-Q1")["forfeited_gpu_hours"]) == 0  # type: ignore[arg-type]
 
@@ -352,3 +357,29 @@ def test_usage_of_a_project_without_a_budget_is_shown_as_over_budget(
         )
         assert api.get("/v1/projects/stealth/balance", headers=ALICE).status_code == 404
         assert api.get("/v1/projects/nobody/balance", headers=ADMIN).status_code == 404
+
+
+def test_a_preview_shows_every_refusal_with_its_line_and_a_reused_key_is_a_conflict(
+    settings: Settings,
+) -> None:
+    with running_api(settings, NOW) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        greedy = plan_text(QUARTER_PLAN) + (
+            "  - id: vision-all-week\n    project: vision\n    cluster: h100-a\n    gpus: 40\n"
+            "    fixed: {start: 2027-01-04T00:00:00Z, end: 2027-01-11T00:00:00Z}\n"
+        )
+        refused = api.post("/v1/admin/plan/diff", json={"text": greedy}, headers=ADMIN)
+        assert refused.status_code == 422, refused.text
+        (problem,) = refused.json()["problems"]
+        line = next(i for i, text in enumerate(greedy.splitlines(), 1) if "vision-all-week" in text)
+        assert problem["line"] == line and problem["field"] == "agreements.1"
+        assert "olmo-nightly" in problem["message"]  # the conflicting agreement is named
+
+        body = {"delta_gpu_hours": "1", "reason": "a favour"}
+        key = {**ADMIN, "Idempotency-Key": "adjust-1"}
+        ok(api.post("/v1/admin/allocations/vision/2027-Q1/adjustments", json=body, headers=key))
+        again = ok(api.post("/v1/admin/allocations/vision/2027-Q1/adjustments", json=body, headers=key))
+        assert again["applied"] == [] and len(again["unchanged"]) == 1
+        other = {**body, "delta_gpu_hours": "50"}
+        reused = api.post("/v1/admin/allocations/vision/2027-Q1/adjustments", json=other, headers=key)
+        assert reused.status_code == 409 and "idempotency key" in reused.json()["detail"]

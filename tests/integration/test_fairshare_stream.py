@@ -61,7 +61,8 @@ def test_factors_follow_usage_against_shares_and_are_rebuilt_identically_by_repl
             hours.setdefault(project, {}).setdefault(t // 3600, 0)
             hours[project][t // 3600] += gpus * 10**6
     usage = decayed_usage(hours, NOW, s.fairshare_half_life_s)
-    expected = compute_fairshare(share_tree(admin_state.nodes, usage), usage, Algorithm(algorithm))
+    tree, leaves = share_tree(admin_state.nodes, usage)
+    expected = compute_fairshare(tree, leaves, Algorithm(algorithm))
     assert factors == pytest.approx(expected.factor_map(), abs=1e-12)
 
     # Published: the compacted topic holds every node's row; ClickHouse keeps the history.

@@ -454,6 +454,7 @@ def rejected(
         ([], node("root", kind="group"), InvalidChange, "invalid"),
         ([], node("nlp", "inst", kind="project", at=BEFORE + 1), InvalidChange, "invalid"),
         ([grant("a1")], node("proj", "nlp", kind="group", at=BEFORE + 1), InvalidChange, "invalid"),
+        ([], node("inst", kind="project", at=BEFORE + 1), InvalidChange, "invalid"),
     ],
     ids=[
         "a group under a project is refused: projects are leaves",
@@ -465,6 +466,7 @@ def rejected(
         "'parent' shares directly under the root are refused",
         "the implicit root cannot be declared",
         "a group with children cannot become a project",
+        "a top-level organisation with children cannot become a project either",
         "a project holding allocations stays a project",
     ],
 )
@@ -826,6 +828,7 @@ def test_a_cluster_cannot_shrink_below_its_guarantees(
         ([], policy("p1", NOW - DAY), NOW - DAY + 1, RetroactivePolicy),
         ([], policy("p1", NOW - DAY), NOW, RetroactivePolicy),
         ([], policy("p1", NOW + DAY), NOW, None),
+        ([], policy("p1", NOW + 60), NOW + 3600, RetroactivePolicy),
         ([policy("p1", NOW + DAY)], policy("p1", NOW + DAY), None, Conflict),
         ([policy("p1", NOW + DAY)], policy("p1", NOW + 2 * DAY), None, Conflict),
         ([policy("p1", NOW + DAY)], policy("p2", NOW + DAY, weights={"H100": 120}), None, InvalidChange),
@@ -841,6 +844,7 @@ def test_a_cluster_cannot_shrink_below_its_guarantees(
         "a second before what the ledger has charged is refused",
         "a day before what the ledger has charged is refused",
         "in the future with a known ledger is fine",
+        "in the future but before usage the ledger has already charged is refused",
         "a policy id cannot be declared twice, even unchanged",
         "a policy id cannot be reused for another time",
         "two policies cannot take effect at the same instant",

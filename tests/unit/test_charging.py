@@ -68,7 +68,8 @@ def test_a_span_that_crosses_a_policy_change_is_charged_at_each_sides_rate() -> 
 def test_a_policy_that_takes_effect_later_does_not_rewrite_earlier_use() -> None:
     timeline = PolicyTimeline([policy("q1", T0)])
     before = timeline.charge(T0, T0 + 60, 1, "H100", "standard", False)
-    timeline.add(policy("q2", T0 + 3600, priority_multipliers={"standard": 300}))
+    dearer = {"preemptible": 50, "standard": 300, "non-preemptible": 400}
+    timeline.add(policy("q2", T0 + 3600, priority_multipliers=dearer))
 
     assert timeline.charge(T0, T0 + 60, 1, "H100", "standard", False) == before
 
@@ -139,3 +140,26 @@ def test_the_same_policy_applied_again_changes_nothing() -> None:
 
 def test_a_default_weight_prices_unlisted_gpu_types() -> None:
     assert policy(default_gpu_type_weight=80).rate_per_gpu_second("A100", "standard", False) == 80 * 100 * 100
+
+
+@pytest.mark.parametrize(
+    "multipliers",
+    [
+        {"standard": 100},
+        {"preemptible": 0, "standard": 100, "non-preemptible": 200},
+        {"preemptible": 50, "standard": 100, "non-preemptible": 90},
+    ],
+    ids=[
+        "a policy must price every priority class",
+        "no class is free",
+        "non-preemptible never costs less than standard: HIGH is a price",
+    ],
+)
+def test_a_policy_that_would_break_the_price_ladder_is_invalid(multipliers: dict[str, int]) -> None:
+    with pytest.raises(PolicyInvalid):
+        policy("bad", T0, priority_multipliers=multipliers)
+
+
+def test_no_gpu_type_is_free() -> None:
+    with pytest.raises(PolicyInvalid):
+        policy("bad", T0, gpu_type_weights={"H100": 0})

@@ -136,11 +136,27 @@ def test_decayed_usage_does_not_depend_on_the_order_the_hours_were_filled_in() -
     assert decayed_usage(first, 600 * HOUR, 86_400) == decayed_usage(second, 600 * HOUR, 86_400)
 
 
-def test_the_tree_holds_the_organisation_and_undeclared_projects_with_no_shares() -> None:
+def test_the_tree_holds_the_organisation_and_no_usage_is_dropped() -> None:
     nodes = {
         "inst": Node("inst", None, "organisation", 100, ()),
         "olmo": Node("olmo", "inst", "project", 10, ()),
+        "empty": Node("empty", "inst", "group", 50, ()),
     }
-    tree = share_tree(nodes, ["olmo", "stealth", ""])
-    assert set(tree.ids) == {"root", "inst", "olmo", "stealth"}
+    tree, leaves = share_tree(nodes, {"olmo": 5.0, "stealth": 2.0, "": 1.0, "inst": 3.0, "root": 4.0})
+    assert "empty" not in tree  # an account with no project below it takes no rank
     assert tree.parent("stealth") == "root" and tree.shares("stealth") == 0
+    assert tree.parent("inst:own") == "inst" and tree.parent("root:own") == "root"
+    assert leaves == {"olmo": 5.0, "stealth": 2.0, "inst:own": 3.0, "root:own": 4.0}
+
+
+def test_a_policy_seen_late_prices_again_what_it_covers() -> None:
+    dearer = ChargePolicy("dear", T0 + 1800, {}, {"standard": 300, "preemptible": 50, "non-preemptible": 400},
+                          default_gpu_type_weight=100)  # fmt: skip
+    late = UsageLedger()
+    for entry in _emitted(_job_events("j1", "olmo", 1, [], 3600), "j1"):
+        late.apply(entry, FLAT)
+    assert late.reprice(PolicyTimeline([flat_policy(), dearer]), dearer.effective_from) == 1
+    on_time = UsageLedger()
+    for entry in _emitted(_job_events("j1", "olmo", 1, [], 3600), "j1"):
+        on_time.apply(entry, PolicyTimeline([flat_policy(), dearer]))
+    assert late.hours == on_time.hours and late.jobs == on_time.jobs

@@ -748,3 +748,30 @@ def test_a_plan_that_frees_capacity_and_uses_it_again_is_in_an_order_the_rules_a
     assert "revoke" in [c.action for c in changes]
     apply_all(state, changes)
     assert diff(parse_plan(replacement), state, actor=ADMIN, now=NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            (
+                "- {name: h100-a, gpu_type: H100, gpus: 64}",
+                "- {name: h100-a, gpu_type: H100, gpus: 64}\n  - {name: h100-a, gpu_type: H100, gpus: 32}",
+            ),
+            "clusters",
+        ),
+        (("period: 2027-Q1", "period: 1990-Q1"), "period"),
+        (("time_zone: Europe/Berlin", "time_zone: Europe"), "agreements.0.weekly.time_zone"),
+    ],
+    ids=[
+        "a cluster listed twice is refused: applies would flip between the two",
+        "a quarter before the events' epoch is refused",
+        "a region is not a time zone",
+    ],
+)
+def test_more_bad_plans_name_their_line_and_field(change: tuple[str, str], field: str) -> None:
+    text = PLAN.replace(*change)
+    assert text != PLAN
+    with pytest.raises(PlanInvalid) as caught:
+        parse_plan(text)
+    assert any(name == field and line for line, name, _ in caught.value.problems), caught.value.problems
