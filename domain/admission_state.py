@@ -13,6 +13,7 @@ released when the job ends or never started).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -71,6 +72,11 @@ class JobSeen:
     hosts: tuple[str, ...] = ()
     finished: bool = False
     last: tuple[int, int] = (0, 0)  # (time, rank) of the latest lifecycle event
+    _running: RunningJob | None = field(default=None, repr=False, compare=False)
+
+    def may_hold_gpus(self) -> bool:
+        """Started, or admitted and not yet started (its deadline aside), and not ended."""
+        return not self.finished and (self.started or (self.admitted_at is not None and self.last == (0, 0)))
 
     def holds_gpus(self, now: int, start_deadline_s: int) -> bool:
         if self.finished:
@@ -81,6 +87,11 @@ class JobSeen:
         return reserved and now < (self.admitted_at or 0) + start_deadline_s
 
     def as_running(self) -> RunningJob:
+        if self._running is None:
+            self._running = self._build()
+        return self._running
+
+    def _build(self) -> RunningJob:
         return RunningJob(
             job_id=self.job_id, project=self.project, user=self.user, gpus=self.gpus,
             priority_class=self.priority_class, lane=self.lane, since=self.since, hosts=self.hosts,
@@ -95,6 +106,34 @@ class AdmissionState:
     jobs: dict[str, JobSeen] = field(default_factory=dict)
     unhealthy: set[tuple[str, str]] = field(default_factory=set)
     _seen: set[str] = field(default_factory=set)
+    # Indexes, so a decision costs what the cluster holds now, not everything ever admitted.
+    live: dict[str, dict[str, RunningJob]] = field(default_factory=dict)  # cluster -> jobs on it
+    active_holds: dict[str, dict[str, Hold]] = field(default_factory=dict)  # project -> job -> hold
+    _reservations: list[tuple[int, str]] = field(default_factory=list)  # heap: (admitted at, job)
+    # Units of the active holds per project and allocation, and which of those jobs run (only a
+    # running job's usage can have spent part of its hold).
+    _held_base: dict[str, dict[str, int]] = field(default_factory=dict)
+    _spending: dict[str, set[str]] = field(default_factory=dict)
+
+    def _reindex(self, job: JobSeen) -> None:
+        job._running = None
+        for cluster, jobs in self.live.items():
+            if cluster != job.cluster:
+                jobs.pop(job.job_id, None)
+        if job.cluster and job.may_hold_gpus():
+            self.live.setdefault(job.cluster, {})[job.job_id] = job.as_running()
+        elif job.cluster:
+            self.live.get(job.cluster, {}).pop(job.job_id, None)
+        hold = self.holds.get(job.job_id)
+        if hold is not None and not hold.released and (job.started or job.last != (0, 0)):
+            self._spending.setdefault(hold.project, set()).add(job.job_id)
+
+    def _count_hold(self, hold: Hold, sign: int) -> None:
+        base = self._held_base.setdefault(hold.project, {})
+        for allocation_id, units in hold.allocations:
+            base[allocation_id] = base.get(allocation_id, 0) + sign * units
+        if sign < 0:
+            self._spending.get(hold.project, set()).discard(hold.job_id)
 
     # -- folds --------------------------------------------------------------------------------
     def apply(self, event: AdmissionEvent) -> bool:
@@ -112,13 +151,21 @@ class AdmissionState:
                     job.interactive, job.lane = event.interactive, Lane(event.lane) if event.lane else None
                     job.admitted_at = event.occurred_at
                     job.since = job.since or event.occurred_at
+                    self._reindex(job)
+                    heapq.heappush(self._reservations, (event.occurred_at, event.job_id))
             case HoldPlaced():
-                self.holds[event.job_id] = Hold(
-                    event.job_id, event.project, tuple(event.allocations), event.expires_at
-                )
+                hold = Hold(event.job_id, event.project, tuple(event.allocations), event.expires_at)
+                self.holds[event.job_id] = hold
+                self.active_holds.setdefault(event.project, {})[event.job_id] = hold
+                self._count_hold(hold, 1)
+                if event.job_id in self.jobs:
+                    self._reindex(self.jobs[event.job_id])
             case HoldReleased():
-                if event.job_id in self.holds:
-                    self.holds[event.job_id].released = True
+                released = self.holds.get(event.job_id)
+                if released is not None and not released.released:
+                    released.released = True
+                    self.active_holds.get(released.project, {}).pop(event.job_id, None)
+                    self._count_hold(released, -1)
             case HostUnhealthy():
                 self.unhealthy.add((event.cluster, event.host))
             case HostRecovered():
@@ -147,14 +194,31 @@ class AdmissionState:
                 job.finished = True
                 job.last = max(job.last, (event.occurred_at, _FINISHED))
                 job.started = False
+        self._reindex(job)
+
+    def adopt(self, jobs: Mapping[str, JobSeen]) -> None:
+        """Take the lifecycle folded elsewhere (job events read while the own log was replayed)."""
+        for job_id, seen in jobs.items():
+            held = self.jobs.get(job_id)
+            if held is None:
+                self.jobs[job_id] = seen
+                self._reindex(seen)
+            elif seen.last > held.last or seen.finished:
+                held.started, held.since, held.hosts = seen.started, seen.since or held.since, seen.hosts
+                held.finished, held.last = held.finished or seen.finished, max(held.last, seen.last)
+                held.gpus = seen.gpus or held.gpus
+                self._reindex(held)
 
     # -- reads --------------------------------------------------------------------------------
     def running_on(self, cluster: str, now: int, start_deadline_s: int) -> list[RunningJob]:
-        return [
-            j.as_running()
-            for j in self.jobs.values()
-            if j.cluster == cluster and j.holds_gpus(now, start_deadline_s)
-        ]
+        """The jobs holding GPUs of the cluster at `now`, which must not go back between calls."""
+        # Reservations whose start deadline has passed leave the index for good.
+        while self._reservations and self._reservations[0][0] + start_deadline_s <= now:
+            _, job_id = heapq.heappop(self._reservations)
+            job = self.jobs.get(job_id)
+            if job is not None and not job.started and job.last == (0, 0):
+                self.live.get(job.cluster, {}).pop(job_id, None)
+        return list(self.live.get(cluster, {}).values())
 
     def unhealthy_hosts(self, cluster: str) -> frozenset[str]:
         return frozenset(host for c, host in self.unhealthy if c == cluster)
@@ -162,19 +226,24 @@ class AdmissionState:
     def held(self, job_charges: Mapping[str, int], project: str | None = None) -> dict[str, int]:
         """Units still held per allocation (active holds, less what usage has spent)."""
         found: dict[str, int] = {}
-        for hold in self.holds.values():
-            if hold.released or (project is not None and hold.project != project):
-                continue
-            for allocation_id, units in hold.remaining(job_charges.get(hold.job_id, 0)).items():
+        for name in [project] if project is not None else list(self._held_base):
+            for allocation_id, units in self._held_base.get(name, {}).items():
                 found[allocation_id] = found.get(allocation_id, 0) + units
-        return found
+            # Only jobs that ran can have spent part of their hold: correct for those alone.
+            for job_id in self._spending.get(name, ()):
+                hold = self.holds[job_id]
+                left = hold.remaining(job_charges.get(job_id, 0))
+                for allocation_id, units in hold.allocations:
+                    found[allocation_id] -= units - left.get(allocation_id, 0)
+        return {a: units for a, units in found.items() if units}
 
     def releasable(self, now: int, start_deadline_s: int) -> list[tuple[str, str]]:
         """(job id, reason) of active holds whose job ended or did not start in time."""
         due = []
-        for job_id, hold in sorted(self.holds.items()):
-            if hold.released:
-                continue
+        active = sorted(
+            (job_id, hold) for pool in self.active_holds.values() for job_id, hold in pool.items()
+        )
+        for job_id, hold in active:
             job = self.jobs.get(job_id)
             if job is not None and job.finished:
                 due.append((job_id, "finished"))

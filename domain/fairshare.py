@@ -33,7 +33,9 @@ with that account's first leaf. One deliberate difference: a leaf with no effect
 or an ancestor's shares are 0) gets factor 0 and takes no rank number, so it is ranked after every
 leaf with shares and does not push anyone down. An account's Fair Tree factor, which Slurm does not
 define, is the factor of the first leaf ranked inside it (inside its merged group when it is tied),
-so tied accounts share it the way tied leaves share a rank.
+so tied accounts share it the way tied leaves share a rank: an account tied with a sibling account
+gets the group's factor even when it has no ranked leaf of its own (say its only leaf has 0 shares),
+and an account whose group has no ranked leaf gets 0.
 
 Decay. Usage decays by 2^(-dt/half_life), computed as whole half-lives (an exact power of two) times
 2^(-rest/half_life), so it halves exactly at every half-life and the same events in the same order
@@ -889,13 +891,17 @@ class FairShareState:
         tree = self._tree
         if tree._raw[i] == _PARENT_RAW and not tree._leaf[i]:
             i = tree._fs_parent[i]
-        if tree._ranked_leaves[i] == 0:
+        if i == 0:  # the first ranked leaf always has the top rank
+            return 1.0 if tree._ranked_leaves[0] else 0.0
+        # A leaf without effective shares takes no rank. So does an account without them: its LF
+        # is 0 (or an ancestor's is), and every account tied with it at 0 has no shares either.
+        # An account with shares but no ranked leaf of its own may still be tied with a sibling
+        # account that has one, and then shares that group's factor: only the walk can tell.
+        if not tree._positive[i] or (tree._leaf[i] and not tree._ranked_leaves[i]):
             return 0.0
-        if i == 0:
-            return 1.0  # the first ranked leaf always has the top rank
         frames = self._frames_to(i)
-        if not tree._leaf[i]:
-            self._descend_to_first_leaf(frames)
+        if not tree._leaf[i] and not self._descend_to_first_leaf(frames):
+            return 0.0
         return self._rank(frames) / tree._leaf_count
 
     def _frames_to(self, target: int) -> list[_Frame]:
@@ -918,20 +924,24 @@ class FairShareState:
             entries = _group(tree, level_fs, self._ordered, entries, start, end)
         return frames
 
-    def _descend_to_first_leaf(self, frames: list[_Frame]) -> None:
-        """Extend frames ending at an account run down to the first ranked leaf inside it."""
+    def _descend_to_first_leaf(self, frames: list[_Frame]) -> bool:
+        """Extend frames ending at an account run down to the first ranked leaf inside it (inside
+        the run's merged group); False, frames unchanged, if the run has no ranked leaf at all."""
         tree, level_fs, ranked = self._tree, self._level_fs, self._tree._ranked_leaves
         entries, start, tied_in = frames[-1]
+        end = _run_end(tree, level_fs, entries, start)
+        if not any(ranked[node] for node in entries[start:end]):
+            return False
         while True:
-            end = _run_end(tree, level_fs, entries, start)
             tied_in = _tied(level_fs, entries, start, tied_in)
             entries = _group(tree, level_fs, self._ordered, entries, start, end)
             index = next(k for k, node in enumerate(entries) if ranked[node])
             if tree._leaf[entries[index]]:
                 frames.append((entries, index, tied_in))
-                return
+                return True
             start = _run_start(tree, level_fs, entries, index)
             frames.append((entries, start, tied_in))
+            end = _run_end(tree, level_fs, entries, start)
 
     def _rank(self, frames: list[_Frame]) -> int:
         """Slurm's rank for the leaf the frames end at: that of the head of its tie chain."""

@@ -129,8 +129,7 @@ class AdmissionService:
             with self._lock:
                 jobs = self.state.jobs  # job events folded meanwhile stay
                 self.state = state
-                for job_id, seen in jobs.items():
-                    state.jobs.setdefault(job_id, seen)
+                state.adopt(jobs)
             log.info("admission_log_replayed", events=end, decisions=len(state.decisions))
         finally:
             consumer.close(autocommit=False)

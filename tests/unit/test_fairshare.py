@@ -514,6 +514,54 @@ def test_a_reset_in_the_state_drops_all_usage_and_late_events_from_before_it(alg
     assert state.factor("User2") < 1.0
 
 
+def incremental_factors(state: FairShareState) -> dict[str, float]:
+    return {node: state.factor(node) for node in state.tree.ids}
+
+
+def test_an_account_whose_only_leaf_has_no_shares_gets_the_factor_of_the_account_it_is_tied_with() -> None:
+    # A's only leaf, a0, has 0 shares, so A has no ranked leaf of its own. With no usage A and B
+    # tie at LF inf, Slurm merges them, and b1 (rank 2 of 2) is the group's first ranked leaf:
+    # A shares its factor, as B does. The incremental state used to give A 0 here.
+    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
+    expected = {"root": 1.0, "A": 1.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
+    state = FairShareState(tree, Algorithm.FAIR_TREE)
+    assert fair_tree_fairshare(tree, {}).factor_map() == state.result().factor_map() == expected
+    assert incremental_factors(state) == expected
+    # Equal usage keeps them tied below C (LF 1/3 / 1/2 each, C's inf): A gets b1's 2 of 3 leaves.
+    tree = tree_of(
+        ("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1), ("C", "root", 1), ("c1", "C", 1)
+    )
+    state = FairShareState(tree, Algorithm.FAIR_TREE)
+    state.add_usage("a0", 10.0, T0)
+    state.add_usage("b1", 10.0, T0)
+    expected = {"root": 1.0, "A": 2 / 3, "a0": 0.0, "B": 2 / 3, "b1": 2 / 3, "C": 1.0, "c1": 1.0}
+    assert fair_tree_fairshare(tree, {"a0": 10.0, "b1": 10.0}).factor_map() == expected
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
+def test_an_account_without_a_ranked_leaf_gets_zero_once_no_sibling_account_is_tied_with_it() -> None:
+    # b1 uses something: B's LF drops to 0.5 while A's stays inf, so A is alone in its group,
+    # which has no ranked leaf.
+    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
+    state = FairShareState(tree, Algorithm.FAIR_TREE)
+    state.add_usage("b1", 10.0, T0)
+    expected = {"root": 1.0, "A": 0.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
+    assert fair_tree_fairshare(tree, {"b1": 10.0}).factor_map() == expected
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
+def test_an_account_without_a_ranked_leaf_tied_inside_a_merged_group_gets_that_groups_factor() -> None:
+    # P and Q tie (no usage), so their children X and Y are sorted together, tie in turn and merge:
+    # y1 is the first ranked leaf, and X and P, with no ranked leaf of their own, share its factor.
+    tree = tree_of(
+        ("P", "root", 1), ("X", "P", 1), ("x0", "X", 0), ("Q", "root", 1), ("Y", "Q", 1), ("y1", "Y", 1)
+    )
+    state = FairShareState(tree, Algorithm.FAIR_TREE)
+    expected = dict.fromkeys(tree.ids, 1.0) | {"x0": 0.0}
+    assert fair_tree_fairshare(tree, {}).factor_map() == expected
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
 def test_the_state_cannot_go_back_in_time() -> None:
     state = FairShareState(EXAMPLE)
     state.add_usage("User1", 1.0, T0)
