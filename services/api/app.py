@@ -51,8 +51,9 @@ async def _expire_periodically(service: AdminService, every_s: float) -> None:
             log.warning("expiry_failed", error=repr(exc))
 
 
-async def _release_periodically(service: AdmissionService, every_s: float = 2.0) -> None:
-    """Release the holds of jobs that ended or never started."""
+async def _release_periodically(service: AdmissionService, every_s: float = 0.25) -> None:
+    """Release the holds of jobs that ended or never started; often, so releases come in small
+    batches instead of one burst that would stall the decisions waiting behind it."""
     while True:
         await asyncio.sleep(every_s)
         try:
