@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.events import ContractError, Identifier, UnixSeconds, validation_problems
+from schemas.events import Identifier, UnixSeconds, parse_with
 
 ChargeUnits = Annotated[int, Field(ge=0, le=2**62, strict=True)]
 SignedChargeUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]
@@ -220,11 +220,7 @@ _admin_event_adapter: TypeAdapter[AdminEvent] = TypeAdapter(AdminEvent)
 
 
 def parse_admin_event(raw: bytes) -> AdminEvent:
-    """Decode and validate one admin event, or raise ContractError with a readable reason."""
-    try:
-        return _admin_event_adapter.validate_json(raw)
-    except ValidationError as exc:
-        raise ContractError(f"contract violation: {validation_problems(exc)}") from None
+    return parse_with(_admin_event_adapter, raw)
 
 
 def encode_admin_event(event: AdminEvent) -> bytes:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.events import ContractError, Identifier, UnixSeconds, validation_problems
+from schemas.events import Identifier, UnixSeconds, parse_with
 
 Units = Annotated[int, Field(ge=0, le=2**62, strict=True)]
 
@@ -138,10 +138,7 @@ _adapter: TypeAdapter[AdmissionEvent] = TypeAdapter(AdmissionEvent)
 
 
 def parse_admission_event(raw: bytes) -> AdmissionEvent:
-    try:
-        return _adapter.validate_json(raw)
-    except ValidationError as exc:
-        raise ContractError(f"contract violation: {validation_problems(exc)}") from None
+    return parse_with(_adapter, raw)
 
 
 def encode_admission_event(event: AdmissionEvent) -> bytes:

@@ -9,12 +9,13 @@ break stored events.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 
 # Bounds keep garbage out of the ledger: 2001-09-09 .. 2286-11-20 in Unix seconds.
 UnixSeconds = Annotated[int, Field(ge=1_000_000_000, lt=10_000_000_000, strict=True)]
@@ -114,12 +115,16 @@ class ContractError(ValueError):
         self.reason = reason
 
 
-def parse_job_event(raw: bytes) -> JobEvent:
-    """Decode and validate one event, or raise ContractError with a readable reason."""
+def parse_with(adapter: TypeAdapter[T], raw: bytes) -> T:
+    """Decode and validate one record of a contract, or raise ContractError with a readable reason."""
     try:
-        return _job_event_adapter.validate_json(raw)
+        return adapter.validate_json(raw)
     except ValidationError as exc:
         raise ContractError(f"contract violation: {validation_problems(exc)}") from None
+
+
+def parse_job_event(raw: bytes) -> JobEvent:
+    return parse_with(_job_event_adapter, raw)
 
 
 def validation_problems(exc: ValidationError, limit: int = 5) -> str:

@@ -41,6 +41,7 @@ from schemas.events import JobEvent, JobStarted, JobSubmitted
 from services.api.app import create_app
 from tests.integration.budget_harness import FakeClock, ok, plan_text, set_clock
 from tests.integration.harness import send_events, wait_until
+from tests.integration.test_admission import PLAN as ADMISSION_PLAN
 
 pytestmark = pytest.mark.integration
 
@@ -53,32 +54,7 @@ NOW = 1_799_755_200  # Tuesday 2027-01-12 12:00 UTC, inside the plan's quarter
 POSITIVE_EXAMPLES = int(os.environ.get("ALLMENDE_FUZZ_EXAMPLES", "50"))
 NEGATIVE_EXAMPLES = max(1, POSITIVE_EXAMPLES // 3)
 
-PLAN = """
-plan: fuzz-2027-q1
-period: 2027-Q1
-clusters:
-  - {name: h100-a, gpu_type: H100, gpus: 64}
-organisation:
-  - {id: institute, kind: organisation, shares: 100}
-  - {id: olmo-ft, parent: institute, kind: project, shares: 60, leads: [alice]}
-  - {id: vision, parent: institute, kind: project, shares: 40}
-  - {id: broke, parent: institute, kind: project, shares: 10}
-policy:
-  id: prices
-  gpu_type_weights: {H100: 1.00}
-  priority_multipliers: {preemptible: 0.50, standard: 1.00, non-preemptible: 2.00}
-  interactive_rate: 1.25
-allocations:
-  - {project: olmo-ft, gpu_hours: 10000}
-  - {project: vision, gpu_hours: 500}
-  - {project: broke, gpu_hours: 1}
-agreements:
-  - id: olmo-nightly
-    project: olmo-ft
-    cluster: h100-a
-    gpus: 32
-    weekly: {days: [mon, tue, wed, thu, fri], start: "22:00", hours: 8, time_zone: Europe/Berlin}
-"""
+PLAN = ADMISSION_PLAN.replace("admission-2027-q1", "fuzz-2027-q1")
 # The same plan grown: a new project with its budget, one budget raised (a plan applies in full).
 BROKE = "  - {id: broke, parent: institute, kind: project, shares: 10}\n"
 BROKE_BUDGET = "  - {project: broke, gpu_hours: 1}\n"
