@@ -8,8 +8,9 @@ log are never re-judged: a replay folds them as they were accepted.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from domain.allocations import Allocation, rollover_successor
 from domain.charging import ChargePolicy, PolicyInvalid, PolicyTimeline, flat_policy
@@ -139,16 +140,16 @@ class AdminState:
     agreements: dict[str, AgreementGranted] = field(default_factory=dict)
     revoked: dict[str, AgreementRevoked] = field(default_factory=dict)
     history: list[AdminEvent] = field(default_factory=list)
-    _seen: set[str] = field(default_factory=set)
-    by_id: dict[str, AdminEvent] = field(default_factory=dict)
+    by_id: dict[str, AdminEvent] = field(default_factory=dict)  # every event applied, by id
+    # Built from `agreements` on first use after a change: admission asks on every request.
+    _active: list[Agreement] | None = field(default=None, repr=False, compare=False)
 
     # -- fold ---------------------------------------------------------------------------------
     def apply(self, event: AdminEvent) -> bool:
         """Fold one event from the log; False when its id was already applied (a duplicate)."""
-        if event.event_id in self._seen:
+        if event.event_id in self.by_id:
             return False
         self._fold(event)  # first: an event that cannot be folded leaves no trace in the history
-        self._seen.add(event.event_id)
         self.history.append(event)
         self.by_id[event.event_id] = event
         return True
@@ -207,8 +208,10 @@ class AdminState:
             case AgreementGranted():
                 self.agreements[event.agreement_id] = event
                 self.revoked.pop(event.agreement_id, None)
+                self._active = None
             case AgreementRevoked():
                 self.revoked[event.agreement_id] = event
+                self._active = None
 
     @classmethod
     def of(cls, events: Iterable[AdminEvent]) -> AdminState:
@@ -227,7 +230,11 @@ class AdminState:
         return PolicyTimeline([flat_policy(), *(policy_of(p) for p in self.policies.values())])
 
     def active_agreements(self) -> list[Agreement]:
-        return [agreement_of(a) for key, a in sorted(self.agreements.items()) if key not in self.revoked]
+        if self._active is None:
+            self._active = [
+                agreement_of(a) for k, a in sorted(self.agreements.items()) if k not in self.revoked
+            ]
+        return list(self._active)
 
     def projects(self) -> list[str]:
         return sorted(n.node_id for n in self.nodes.values() if n.kind == "project")
@@ -448,15 +455,5 @@ class AdminState:
                 )
 
     def copy(self) -> AdminState:
-        return replace(
-            self,
-            nodes=dict(self.nodes),
-            clusters=dict(self.clusters),
-            policies=dict(self.policies),
-            allocations=dict(self.allocations),
-            agreements=dict(self.agreements),
-            revoked=dict(self.revoked),
-            history=list(self.history),
-            _seen=set(self._seen),
-            by_id=dict(self.by_id),
-        )
+        """A state to try events on: every container copied (their values are immutable)."""
+        return replace(self, **{f.name: copy.copy(getattr(self, f.name)) for f in fields(self)})

@@ -39,10 +39,6 @@ class Hold:
     expires_at: int
     released: bool = False
 
-    @property
-    def units(self) -> int:
-        return sum(units for _, units in self.allocations)
-
     def remaining(self, charged: int) -> dict[str, int]:
         """What is still held per allocation once `charged` units of the job's usage are posted;
         usage spends the hold in the order it was placed."""
@@ -79,12 +75,8 @@ class JobSeen:
         return not self.finished and (self.started or (self.admitted_at is not None and self.last == (0, 0)))
 
     def holds_gpus(self, now: int, start_deadline_s: int) -> bool:
-        if self.finished:
-            return False
-        if self.started:
-            return True
-        reserved = self.admitted_at is not None and self.last == (0, 0)
-        return reserved and now < (self.admitted_at or 0) + start_deadline_s
+        """May hold GPUs, and a reservation has not passed its start deadline."""
+        return self.may_hold_gpus() and (self.started or now < (self.admitted_at or 0) + start_deadline_s)
 
     def as_running(self) -> RunningJob:
         if self._running is None:

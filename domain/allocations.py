@@ -65,6 +65,11 @@ class Allocation:
         return replace(self, event_ids=(*self.event_ids, event_id), **changes)  # type: ignore[arg-type]
 
 
+def default_allocation_id(project: str, period: str, cluster: str | None, gpu_type: str | None) -> str:
+    """`olmo-ft/2027-Q1`, narrowed by scope: `olmo-ft/2027-Q1/b300-a/B300`."""
+    return "/".join(part for part in (project, period, cluster, gpu_type) if part)
+
+
 def rollover_successor(allocation: Allocation, new_id: str, unused_units: int, event_id: str) -> Allocation:
     """The allocation that takes over the unused units: the next quarter, or the next period of the
     same length when the period is not a calendar quarter."""

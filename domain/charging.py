@@ -108,6 +108,7 @@ class PolicyTimeline:
 
     def __init__(self, policies: Sequence[ChargePolicy] = ()) -> None:
         self._policies: list[ChargePolicy] = []
+        self._starts: list[int] = []  # effective_from of each, kept beside them for bisect
         for policy in policies:
             self.add(policy)
 
@@ -123,15 +124,18 @@ class PolicyTimeline:
                     f"policies {held.policy_id} and {policy.policy_id} both take effect at "
                     f"{policy.effective_from}"
                 )
-        keys = [p.effective_from for p in self._policies]
-        self._policies.insert(bisect.bisect(keys, policy.effective_from), policy)
+        index = bisect.bisect(self._starts, policy.effective_from)
+        self._policies.insert(index, policy)
+        self._starts.insert(index, policy.effective_from)
 
     def in_force(self, at: int) -> ChargePolicy:
-        keys = [p.effective_from for p in self._policies]
-        index = bisect.bisect_right(keys, at) - 1
+        return self._policies[self._index_at(at)]
+
+    def _index_at(self, at: int) -> int:
+        index = bisect.bisect_right(self._starts, at) - 1
         if index < 0:
             raise PolicyInvalid(f"no charge policy is in force at {at}")
-        return self._policies[index]
+        return index
 
     def charge(
         self, start: int, end: int, gpus: int, gpu_type: str, priority_class: str, interactive: bool
@@ -142,9 +146,10 @@ class PolicyTimeline:
         spans: list[ChargedSpan] = []
         cursor = start
         while cursor < end:
-            policy = self.in_force(cursor)
-            following = [p.effective_from for p in self._policies if p.effective_from > cursor]
-            stop = min([end, *following])
+            index = self._index_at(cursor)
+            policy = self._policies[index]
+            # The next policy starts after `cursor` (starts are sorted and distinct).
+            stop = min(end, self._starts[index + 1]) if index + 1 < len(self._starts) else end
             gpu_seconds = gpus * (stop - cursor)
             rate = policy.rate_per_gpu_second(gpu_type, priority_class, interactive)
             spans.append(ChargedSpan(cursor, stop, gpu_seconds, gpu_seconds * rate, policy.policy_id))

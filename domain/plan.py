@@ -73,7 +73,8 @@ def _window(spec: AgreementSpec, period: tuple[int, int]) -> WindowSpec:
     if spec.fixed is not None:
         return FixedWindowSpec(start=to_unix(spec.fixed.start, "start"), end=to_unix(spec.fixed.end, "end"))
     weekly = spec.weekly
-    assert weekly is not None  # the model allows exactly one window
+    if weekly is None:
+        raise ValueError(f"agreement {spec.id} has no window")  # the model requires one: a bug
     hour, minute = (int(part) for part in weekly.start.split(":"))
     return WeeklyWindowSpec(
         weekdays=weekly.weekdays(),

@@ -9,6 +9,7 @@ that does not convert exactly (a rate with three decimals) is an error, never ro
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -24,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.allocations import UNITS_PER_GPU_HOUR, quarter_bounds
+from domain.allocations import UNITS_PER_GPU_HOUR, default_allocation_id, quarter_bounds
 from domain.charging import RATE_SCALE
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
@@ -130,17 +131,31 @@ class PolicySpec(_Model):
         return value
 
     def hundredths(self) -> dict[str, Any]:
-        def h(value: Decimal, what: str) -> int:
-            return exact_int(value, RATE_SCALE, what)
+        return rates_in_hundredths(
+            self.gpu_type_weights,
+            self.default_gpu_type_weight,
+            self.priority_multipliers,
+            self.interactive_rate,
+        )
 
-        return {
-            "gpu_type_weights": {k: h(v, f"weight of {k}") for k, v in self.gpu_type_weights.items()},
-            "default_gpu_type_weight": h(self.default_gpu_type_weight, "default_gpu_type_weight"),
-            "priority_multipliers": {
-                k: h(v, f"multiplier of {k}") for k, v in self.priority_multipliers.items()
-            },
-            "interactive_rate": h(self.interactive_rate, "interactive_rate"),
-        }
+
+def rates_in_hundredths(
+    weights: Mapping[str, Decimal],
+    default_weight: Decimal,
+    multipliers: Mapping[Any, Decimal],  # keyed by priority class (a Literal in the models)
+    interactive: Decimal,
+) -> dict[str, Any]:
+    """Decimal factors (1.25) as the integer hundredths (125) a PolicyChanged event carries."""
+
+    def h(value: Decimal, what: str) -> int:
+        return exact_int(value, RATE_SCALE, what)
+
+    return {
+        "gpu_type_weights": {k: h(v, f"weight of {k}") for k, v in weights.items()},
+        "default_gpu_type_weight": h(default_weight, "default_gpu_type_weight"),
+        "priority_multipliers": {k: h(v, f"multiplier of {k}") for k, v in multipliers.items()},
+        "interactive_rate": h(interactive, "interactive_rate"),
+    }
 
 
 class AllocationSpec(_Model):
@@ -158,7 +173,7 @@ class AllocationSpec(_Model):
         return value
 
     def allocation_id(self, period: str) -> str:
-        return self.id or "/".join(p for p in (self.project, period, self.cluster, self.gpu_type) if p)
+        return self.id or default_allocation_id(self.project, period, self.cluster, self.gpu_type)
 
     @property
     def amount_units(self) -> int:

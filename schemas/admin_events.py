@@ -12,7 +12,7 @@ so one GPU-hour at weight 1.00 is 3.6e9), rates in hundredths.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -37,10 +37,13 @@ class _AdminEnvelope(BaseModel):
     reason: Reason = ""
     source: Annotated[str, Field(min_length=1, max_length=200)] = "api"
 
+    # The record key on the topic, filled from the event's fields: "node:{node_id}".
+    KEY: ClassVar[str]
+
     @property
     def aggregate(self) -> str:
-        """The key on the admin topic: what this event changes."""
-        raise NotImplementedError
+        """The key on the topic: what the event changes."""
+        return self.KEY.format_map(self.__dict__)
 
 
 class NodeDeclared(_AdminEnvelope):
@@ -53,9 +56,7 @@ class NodeDeclared(_AdminEnvelope):
     shares: Shares = 1
     leads: tuple[Identifier, ...] = ()
 
-    @property
-    def aggregate(self) -> str:
-        return f"node:{self.node_id}"
+    KEY: ClassVar[str] = "node:{node_id}"
 
 
 class ClusterDeclared(_AdminEnvelope):
@@ -64,9 +65,7 @@ class ClusterDeclared(_AdminEnvelope):
     gpu_type: Identifier
     gpus: Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
 
-    @property
-    def aggregate(self) -> str:
-        return f"cluster:{self.cluster}"
+    KEY: ClassVar[str] = "cluster:{cluster}"
 
 
 class PolicyChanged(_AdminEnvelope):
@@ -80,9 +79,7 @@ class PolicyChanged(_AdminEnvelope):
     priority_multipliers: dict[Literal["preemptible", "standard", "non-preemptible"], Rate]
     interactive_rate: Rate = 100
 
-    @property
-    def aggregate(self) -> str:
-        return "policy"
+    KEY: ClassVar[str] = "policy"
 
 
 class AllocationGranted(_AdminEnvelope):
@@ -99,9 +96,7 @@ class AllocationGranted(_AdminEnvelope):
     gpu_type: Identifier | None = None
     rollover: bool = False  # at expiry unused units move to the next quarter (or period)
 
-    @property
-    def aggregate(self) -> str:
-        return f"allocation:{self.allocation_id}"
+    KEY: ClassVar[str] = "allocation:{allocation_id}"
 
 
 class AllocationAdjusted(_AdminEnvelope):
@@ -111,9 +106,7 @@ class AllocationAdjusted(_AdminEnvelope):
     allocation_id: Identifier
     delta_units: SignedChargeUnits
 
-    @property
-    def aggregate(self) -> str:
-        return f"allocation:{self.allocation_id}"
+    KEY: ClassVar[str] = "allocation:{allocation_id}"
 
 
 class AllocationTransferred(_AdminEnvelope):
@@ -125,9 +118,7 @@ class AllocationTransferred(_AdminEnvelope):
     to_allocation: Identifier
     amount_units: Annotated[int, Field(ge=1, le=2**62, strict=True)]
 
-    @property
-    def aggregate(self) -> str:
-        return f"transfer:{self.transfer_id}"
+    KEY: ClassVar[str] = "transfer:{transfer_id}"
 
 
 class AllocationExpired(_AdminEnvelope):
@@ -138,9 +129,7 @@ class AllocationExpired(_AdminEnvelope):
     unused_units: ChargeUnits
     rollover_allocation_id: Identifier | None = None
 
-    @property
-    def aggregate(self) -> str:
-        return f"allocation:{self.allocation_id}"
+    KEY: ClassVar[str] = "allocation:{allocation_id}"
 
 
 class FixedWindowSpec(BaseModel):
@@ -179,18 +168,14 @@ class AgreementGranted(_AdminEnvelope):
     gpus: Annotated[int, Field(ge=1, le=1_000_000, strict=True)]
     window: WindowSpec
 
-    @property
-    def aggregate(self) -> str:
-        return f"agreement:{self.agreement_id}"
+    KEY: ClassVar[str] = "agreement:{agreement_id}"
 
 
 class AgreementRevoked(_AdminEnvelope):
     type: Literal["AgreementRevoked"] = "AgreementRevoked"
     agreement_id: Identifier
 
-    @property
-    def aggregate(self) -> str:
-        return f"agreement:{self.agreement_id}"
+    KEY: ClassVar[str] = "agreement:{agreement_id}"
 
 
 AdminEvent = Annotated[

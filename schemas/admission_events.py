@@ -7,7 +7,7 @@ Instants are UTC Unix seconds; amounts are charge units (`domain.charging`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -25,9 +25,13 @@ class _Envelope(BaseModel):
     occurred_at: UnixSeconds
     actor: Identifier
 
+    # The record key on the topic, filled from the event's fields: "node:{node_id}".
+    KEY: ClassVar[str]
+
     @property
     def key(self) -> str:
-        raise NotImplementedError
+        """The key on the topic."""
+        return self.KEY.format_map(self.__dict__)
 
 
 class ReasonRecord(BaseModel):
@@ -69,9 +73,7 @@ class AdmissionDecided(_Envelope):
     fairshare_factor: float
     preempt: tuple[VictimRecord, ...] = ()
 
-    @property
-    def key(self) -> str:
-        return self.job_id
+    KEY: ClassVar[str] = "{job_id}"
 
 
 class HoldPlaced(_Envelope):
@@ -83,9 +85,7 @@ class HoldPlaced(_Envelope):
     allocations: tuple[tuple[Identifier, Units], ...]
     expires_at: UnixSeconds
 
-    @property
-    def key(self) -> str:
-        return self.job_id
+    KEY: ClassVar[str] = "{job_id}"
 
 
 class HoldReleased(_Envelope):
@@ -95,9 +95,7 @@ class HoldReleased(_Envelope):
     job_id: Identifier
     reason: Literal["finished", "preempted", "expired"]
 
-    @property
-    def key(self) -> str:
-        return self.job_id
+    KEY: ClassVar[str] = "{job_id}"
 
 
 class HostUnhealthy(_Envelope):
@@ -108,9 +106,7 @@ class HostUnhealthy(_Envelope):
     host: Identifier
     reason: Annotated[str, Field(max_length=1000)] = ""
 
-    @property
-    def key(self) -> str:
-        return f"host:{self.cluster}/{self.host}"
+    KEY: ClassVar[str] = "host:{cluster}/{host}"
 
 
 class HostRecovered(_Envelope):
@@ -118,9 +114,7 @@ class HostRecovered(_Envelope):
     cluster: Identifier
     host: Identifier
 
-    @property
-    def key(self) -> str:
-        return f"host:{self.cluster}/{self.host}"
+    KEY: ClassVar[str] = "host:{cluster}/{host}"
 
 
 AdmissionEvent = Annotated[

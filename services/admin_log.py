@@ -10,13 +10,13 @@ that batch.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import Counter
 
+from allmende.kafka_reading import read_to_end, replaying_consumer
 from allmende.settings import Settings
 from domain.admin_state import AdminState
 from domain.charging import PolicyTimeline
@@ -53,15 +53,7 @@ class AdminLog:
 
     def _consumer_for(self) -> KafkaConsumer:
         if self._consumer is None:
-            consumer = KafkaConsumer(
-                bootstrap_servers=self.settings.kafka_bootstrap_servers,
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-            )
-            consumer.assign([self._tp])
-            consumer.seek_to_beginning(self._tp)
-            self._consumer = consumer
+            self._consumer, _ = replaying_consumer(self.settings.kafka_bootstrap_servers, [self._tp])
         return self._consumer
 
     def _producer_for(self) -> KafkaProducer:
@@ -74,17 +66,9 @@ class AdminLog:
     def catch_up(self, timeout: float = 30.0) -> AdminState:
         """Fold every record up to the end of the topic as it is now; returns the state."""
         with self._lock:
-            consumer = self._consumer_for()
-            end = consumer.end_offsets([self._tp])[self._tp]
-            deadline = time.monotonic() + timeout
-            folded = 0
-            while consumer.position(self._tp) < end:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"admin log not read to offset {end} within {timeout:.0f}s")
-                for records in consumer.poll(timeout_ms=500).values():
-                    for record in records:
-                        self._fold(record.offset, record.key, record.value)
-                        folded += 1
+            folded = read_to_end(
+                self._consumer_for(), self._tp, lambda r: self._fold(r.offset, r.key, r.value), timeout
+            )
             if folded:
                 self._view = self._state.copy()
             return self._view

@@ -17,12 +17,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 from prometheus_client import Counter, Histogram
 
+from allmende.kafka_reading import LagWatch, read_to_end, replaying_consumer
 from allmende.settings import Settings
 from domain.admission import decide
 from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, Victim
@@ -45,7 +47,6 @@ from schemas.admission_events import (
 from schemas.events import ContractError, parse_job_event
 from services.admin_log import AdminLog
 from services.fairshare_calculator import FairShareCalculator
-from services.ledger_writer import wait_for_partitions
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +83,8 @@ class AdmissionService:
         self._producer: AIOKafkaProducer | None = None
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
-        self.jobs_caught_up = threading.Event()
+        self._jobs_lag = LagWatch()
+        self.jobs_caught_up = self._jobs_lag.caught_up
         self.last_error: str | None = None
 
     def now(self) -> int:
@@ -111,26 +113,22 @@ class AdmissionService:
         """Rebuild from the admission log: what was answered before a restart is answered again."""
         s = self.settings
         tp = TopicPartition(s.admission_topic, 0)
-        consumer = KafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False
-        )
+        consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
+        state = AdmissionState()
+
+        def fold(record: Any) -> None:
+            try:
+                state.apply(parse_admission_event(record.value))
+            except ContractError as exc:
+                log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
+
         try:
-            consumer.assign([tp])
-            consumer.seek_to_beginning(tp)
-            end = consumer.end_offsets([tp])[tp]
-            state = AdmissionState()
-            while consumer.position(tp) < end:
-                for records in consumer.poll(timeout_ms=500).values():
-                    for record in records:
-                        try:
-                            state.apply(parse_admission_event(record.value))
-                        except ContractError as exc:
-                            log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
+            events = read_to_end(consumer, tp, fold)
             with self._lock:
                 jobs = self.state.jobs  # job events folded meanwhile stay
                 self.state = state
                 state.adopt(jobs)
-            log.info("admission_log_replayed", events=end, decisions=len(state.decisions))
+            log.info("admission_log_replayed", events=events, decisions=len(state.decisions))
         finally:
             consumer.close(autocommit=False)
 
@@ -138,14 +136,11 @@ class AdmissionService:
         """Fold the job lifecycle from the start of the job-event stream, then follow it."""
         s = self.settings
         while not self._stop.is_set():
-            consumer = KafkaConsumer(
-                bootstrap_servers=s.kafka_bootstrap_servers, group_id=None, enable_auto_commit=False,
+            consumer, partitions = replaying_consumer(
+                s.kafka_bootstrap_servers, s.job_events_topic,
                 client_id="allmende-admission", max_partition_fetch_bytes=16 * 1024 * 1024,
             )  # fmt: skip
             try:
-                partitions = wait_for_partitions(consumer, s.job_events_topic)
-                consumer.assign(partitions)
-                consumer.seek_to_beginning(*partitions)
                 while not self._stop.is_set():
                     polled = consumer.poll(timeout_ms=200, max_records=20_000)
                     events = []
@@ -159,9 +154,7 @@ class AdmissionService:
                         with self._lock:
                             for event in events:
                                 self.state.observe(event)
-                    ends = consumer.end_offsets(partitions)
-                    if all(consumer.position(tp) >= end for tp, end in ends.items()):
-                        self.jobs_caught_up.set()
+                    self._jobs_lag.check(consumer, partitions)
             except Exception as exc:  # Kafka away: start over, the fold is order-free
                 self.last_error = repr(exc)
                 log.exception("admission_job_events_failed", error=repr(exc))

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from prometheus_client import Counter, Gauge
 
 from allmende.clickhouse import Database
+from allmende.kafka_reading import LagWatch, replaying_consumer
 from allmende.settings import Settings
 from domain.allocations import quarter_start
 from domain.fairshare import Algorithm, FairShareResult, ShareRow, compute_fairshare
@@ -34,7 +35,6 @@ from domain.postings import newest_per_entry
 from schemas.fairshare import FairShareRecord
 from schemas.ledger import decode_entries
 from services.admin_log import AdminLog
-from services.ledger_writer import wait_for_partitions
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +76,8 @@ class FairShareCalculator:
         self.db = db
         self.usage = UsageLedger()
         self.latest: Snapshot | None = None
-        self.caught_up = threading.Event()
+        self._lag = LagWatch(every_s=0.2)  # a snapshot waits for this: check often
+        self.caught_up = self._lag.caught_up
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,10 +146,9 @@ class FairShareCalculator:
 
     def run(self, stop: threading.Event) -> None:
         s = self.settings
-        consumer = KafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
+        consumer, partitions = replaying_consumer(
+            s.kafka_bootstrap_servers,
+            s.ledger_entries_topic,
             client_id="allmende-fairshare",
             max_partition_fetch_bytes=16 * 1024 * 1024,
         )
@@ -158,24 +158,15 @@ class FairShareCalculator:
             self._policies = {}
         self.caught_up.clear()
         try:
-            partitions = wait_for_partitions(consumer, s.ledger_entries_topic)
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
             last_publish = 0.0
             while not stop.is_set():
                 polled = consumer.poll(timeout_ms=200, max_records=20_000)
                 self.admin_log.catch_up()
                 values = [r.value for records in polled.values() for r in records]
                 self.take(values)  # also when empty: a new policy re-prices what it covers
-                behind = sum(
-                    max(0, end - consumer.position(tp))
-                    for tp, end in consumer.end_offsets(partitions).items()
-                )
-                LAG.set(behind)
-                if behind == 0:
-                    self.caught_up.set()
-                else:
-                    self.caught_up.clear()
+                behind = self._lag.check(consumer, partitions)
+                if behind is not None:
+                    LAG.set(sum(behind.values()))
                 key = (self.usage.clock, self._changes, len(self.admin_log.state.history))
                 due = time.monotonic() - last_publish >= s.fairshare_publish_s
                 if key != self._published_key and due:

@@ -21,6 +21,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from prometheus_client import Counter, Gauge, Histogram
 
+from allmende.kafka_reading import LagWatch, wait_for_partitions
 from allmende.settings import Settings
 from domain.charging import PolicyTimeline, flat_policy
 from domain.postings import newest_per_entry, post
@@ -83,16 +84,6 @@ class _JobCache:
         self._jobs.clear()
 
 
-def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout: float = 60.0) -> list[TopicPartition]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return [TopicPartition(topic, p) for p in sorted(found)]
-        time.sleep(0.5)
-    raise RuntimeError(f"topic {topic} has no partitions (not created?)")
-
-
 class LedgerWriter:
     def __init__(
         self,
@@ -116,10 +107,10 @@ class LedgerWriter:
         self._cache = _JobCache(store)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.caught_up = threading.Event()
+        self._lag = LagWatch()
+        self.caught_up = self._lag.caught_up
         self.batches = 0
         self.last_error: str | None = None
-        self._lag_checked_at = 0.0
 
     # -- one batch (pure of Kafka: testable and reused by replays) -----------------------------
     def post_batch(
@@ -273,21 +264,6 @@ class LedgerWriter:
         return records
 
     def _update_lag(self, consumer: KafkaConsumer) -> None:
-        # end_offsets is a broker round trip: once a second is plenty for a gauge.
-        now = time.monotonic()
-        if now - self._lag_checked_at < 1.0:
-            return
-        self._lag_checked_at = now
-        assigned = consumer.assignment()
-        if not assigned:
-            return
-        ends = consumer.end_offsets(list(assigned))
-        behind = 0
-        for tp, end in ends.items():
-            lag = max(0, end - consumer.position(tp))
+        behind = self._lag.check(consumer, list(consumer.assignment()))
+        for tp, lag in (behind or {}).items():
             LAG.labels(partition=str(tp.partition)).set(lag)
-            behind += lag
-        if behind == 0:
-            self.caught_up.set()
-        else:
-            self.caught_up.clear()

@@ -29,3 +29,14 @@ def test_the_admin_event_schema_names_every_admin_event_type() -> None:
 
     schema = json.loads(rendered()["admin-event.schema.json"])
     assert set(schema["discriminator"]["mapping"]) == {m.__name__ for m in ADMIN_EVENT_TYPES}
+
+
+def test_every_event_type_names_its_key_on_the_topic() -> None:
+    from schemas.admin_events import ADMIN_EVENT_TYPES
+    from schemas.admission_events import ADMISSION_EVENT_TYPES
+
+    for model in (*ADMIN_EVENT_TYPES, *ADMISSION_EVENT_TYPES):
+        template = vars(model).get("KEY")
+        assert isinstance(template, str) and template, f"{model.__name__} has no KEY"
+        fields = {name.strip("{}") for name in template.split(":")[-1].split("/") if name.startswith("{")}
+        assert fields <= set(model.model_fields), f"{model.__name__}.KEY names unknown fields {fields}"

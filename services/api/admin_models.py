@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from domain.allocations import UNITS_PER_GPU_HOUR
 from domain.balances import AllocationBalance, ProjectBalance
 from domain.plan import Change
-from domain.plan_file import Rate
+from domain.plan_file import Rate, exact_int
 from schemas.admin_events import AdminEvent, WindowSpec
 from schemas.events import Identifier
 
@@ -28,10 +28,7 @@ def units_to_hours(units: int) -> Decimal:
 
 
 def hours_to_units(hours: Decimal) -> int:
-    scaled = hours * UNITS_PER_GPU_HOUR
-    if scaled != scaled.to_integral_value():
-        raise ValueError(f"{hours} GPU-hours is not a whole number of charge units")
-    return int(scaled)
+    return exact_int(hours, UNITS_PER_GPU_HOUR, "GPU-hours")
 
 
 class _Request(BaseModel):

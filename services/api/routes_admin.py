@@ -14,10 +14,9 @@ from fastapi import APIRouter, Header, HTTPException, Path
 from fastapi.concurrency import run_in_threadpool
 
 from domain.admin_state import AdminRejected, Overbooked
-from domain.allocations import quarter_bounds
-from domain.charging import RATE_SCALE
+from domain.allocations import default_allocation_id, period_label, quarter_bounds
 from domain.plan import PlanConflict
-from domain.plan_file import PlanInvalid, exact_int
+from domain.plan_file import PlanInvalid, rates_in_hundredths
 from schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
@@ -64,14 +63,13 @@ IdempotencyKey = Annotated[
 ]  # fmt: skip
 
 
-def rejection(exc: Exception) -> HTTPException:
+def rejection(exc: PlanInvalid | PlanConflict | AdminRejected) -> HTTPException:
     """The HTTP answer to a refused command: 404 unknown, 409 conflicts, 422 invalid."""
     if isinstance(exc, PlanInvalid):
         problems = [{"line": line, "field": field, "message": msg} for line, field, msg in exc.problems]
         return HTTPException(422, {"detail": str(exc), "code": "plan-invalid", "problems": problems})
     if isinstance(exc, PlanConflict):
         return HTTPException(409, {"detail": str(exc), "code": "conflict"})
-    assert isinstance(exc, AdminRejected)
     status = {"unknown": 404, "invalid": 422}.get(exc.code, 409)
     body: dict[str, object] = {"detail": str(exc), "code": exc.code}
     if isinstance(exc, Overbooked):
@@ -151,14 +149,12 @@ async def change_policy(
     if body.effective_from.tzinfo is None:
         raise HTTPException(422, "effective_from needs a time zone (Z or an offset)")
     try:
-        rates = {
-            "gpu_type_weights": {k: exact_int(v, RATE_SCALE, k) for k, v in body.gpu_type_weights.items()},
-            "default_gpu_type_weight": exact_int(body.default_gpu_type_weight, RATE_SCALE, "default weight"),
-            "priority_multipliers": {
-                k: exact_int(v, RATE_SCALE, k) for k, v in body.priority_multipliers.items()
-            },
-            "interactive_rate": exact_int(body.interactive_rate, RATE_SCALE, "interactive rate"),
-        }
+        rates = rates_in_hundredths(
+            body.gpu_type_weights,
+            body.default_gpu_type_weight,
+            body.priority_multipliers,
+            body.interactive_rate,
+        )
         event = PolicyChanged(
             **_base(service, admin.name, body.reason, key, "policy"),
             policy_id=body.policy_id, effective_from=int(body.effective_from.timestamp()), **rates,
@@ -177,14 +173,12 @@ async def grant(
             start, end = quarter_bounds(body.period)
             label = body.period
         elif body.start is not None and body.end is not None and body.start.tzinfo and body.end.tzinfo:
-            from domain.allocations import period_label
-
             start, end = int(body.start.timestamp()), int(body.end.timestamp())
             label = period_label(start, end)
         else:
             raise ValueError("give a period (2027-Q1) or a start and an end with a time zone")
-        allocation_id = body.allocation_id or "/".join(
-            p for p in (body.project, label, body.cluster, body.gpu_type) if p
+        allocation_id = body.allocation_id or default_allocation_id(
+            body.project, label, body.cluster, body.gpu_type
         )
         event = AllocationGranted(
             **_base(service, admin.name, body.reason, key, "grant"),

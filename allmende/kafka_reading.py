@@ -1,0 +1,82 @@
+"""Reading topics the way every projection here does: from the start, to the end, then following.
+
+A projection rebuilt by replay assigns itself partitions (no consumer group: it owns no offsets,
+its state is rebuilt) and reads from the beginning. It knows it has caught up when its position
+reaches the end offsets; asking for them is a broker round trip, so `LagWatch` asks at most
+once a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+
+def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout: float = 60.0) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return [TopicPartition(topic, p) for p in sorted(found)]
+        time.sleep(0.5)
+    raise RuntimeError(f"topic {topic} has no partitions (not created?)")
+
+
+def replaying_consumer(
+    bootstrap: str, source: str | Sequence[TopicPartition], **config: Any
+) -> tuple[KafkaConsumer, list[TopicPartition]]:
+    """A consumer assigned the partitions (or every partition of a topic), at their beginning,
+    committing nothing; and the partitions."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **config)
+    partitions = wait_for_partitions(consumer, source) if isinstance(source, str) else list(source)
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    return consumer, partitions
+
+
+def read_to_end(
+    consumer: KafkaConsumer, tp: TopicPartition, handle: Callable[[Any], None], timeout: float = 30.0
+) -> int:
+    """Hand every record up to the partition's end (as it is now) to `handle`; returns how many."""
+    end = consumer.end_offsets([tp])[tp]
+    deadline = time.monotonic() + timeout
+    count = 0
+    while consumer.position(tp) < end:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{tp.topic}[{tp.partition}] not read to offset {end} within {timeout:.0f}s")
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                handle(record)
+                count += 1
+    return count
+
+
+class LagWatch:
+    """How far a consumer is behind the end of its partitions, checked at most every `every_s`."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.caught_up = threading.Event()
+        self._checked_at = 0.0
+
+    def check(
+        self, consumer: KafkaConsumer, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int] | None:
+        """Records behind per partition, or None when it was checked less than `every_s` ago."""
+        now = time.monotonic()
+        if now - self._checked_at < self.every_s or not partitions:
+            return None
+        self._checked_at = now
+        behind = {
+            tp: max(0, end - consumer.position(tp))
+            for tp, end in consumer.end_offsets(list(partitions)).items()
+        }
+        if any(behind.values()):
+            self.caught_up.clear()
+        else:
+            self.caught_up.set()
+        return behind
