@@ -6,7 +6,9 @@ Two servers run as subprocesses pinned to the same core (with all their threads)
              directory, and a plan of one cluster with 1,000,000 GPUs and budgets no run can use
              up: every request is decided (admitted), and its decision and hold are acknowledged
              by Kafka (acks=all) before the answer, as in production
-  trivial    `GET /ping` of the small app in this file, under the same uvicorn: the floor
+  framework  `POST /echo` of the small app in this file: the admission's request body, model and
+             bearer token, a small JSON answer, nothing else: what FastAPI costs for the same call
+  trivial    `GET /ping` of the same small app, under the same uvicorn: the floor
 
 The load generator is this process, pinned to the other core, on asyncio: keep-alive connections,
 each an httpx.AsyncClient (--client httpx, the default), or plain HTTP/1.1 over asyncio streams
@@ -50,16 +52,18 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import httpx
 import orjson
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from allmende.kafka_local import free_port  # noqa: E402
+from services.api.routes_admission import AdmissionRequest  # noqa: E402
 
 ADMIN_TOKEN = "bench-admin-secret"
 SCHEDULER_TOKEN = "bench-sched-secret"
@@ -76,6 +80,16 @@ app = FastAPI(title="trivial")
 @app.get("/ping")
 async def ping() -> dict[str, bool]:
     return {"ok": True}
+
+
+# The framework's share of an admission: the same request body and model, a bearer-token
+# dependency, a small JSON answer; no decision, no Kafka. Between this and `/ping` lies what
+# FastAPI and pydantic cost for a POST; between this and the admission, what Allmende costs.
+@app.post("/echo")
+async def echo(
+    body: AdmissionRequest, token: Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer())]
+) -> dict[str, str]:
+    return {"job_id": body.job_id, "verdict": "admit"}
 
 
 def quarter(now: dt.datetime) -> str:
@@ -253,11 +267,24 @@ class RawConnection:
             head += "Content-Type: application/json\r\n"
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                reused = self.streams is not None
                 if self.streams is None:
                     self.streams = await asyncio.open_connection(self.host, self.port)
                 reader, writer = self.streams
                 writer.write(head.encode() + b"\r\n" + payload)
-                answer = await reader.readuntil(b"\r\n\r\n")
+                try:
+                    answer = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+                    # The server closed a keep-alive connection idle past its timeout before it
+                    # read this request (nothing came back): send it again on a new one, as
+                    # HTTP clients do. Anything else is an error.
+                    if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                        raise
+                    await self.close()
+                    self.streams = await asyncio.open_connection(self.host, self.port)
+                    reader, writer = self.streams
+                    writer.write(head.encode() + b"\r\n" + payload)
+                    answer = await reader.readuntil(b"\r\n\r\n")
                 length = None
                 for line in answer.split(b"\r\n")[1:]:
                     name, _, value = line.partition(b":")
@@ -340,7 +367,7 @@ class Phase:
 Request = Callable[[Pool], Awaitable[str | None]]  # None: a good answer; else what went wrong
 
 
-def admission_request() -> Request:
+def admission_request(path: str = "/v1/admission") -> Request:
     ids = itertools.count()
     run = uuid.uuid4().hex[:8]
 
@@ -348,7 +375,7 @@ def admission_request() -> Request:
         n = next(ids)
         body = {"job_id": f"bench-{run}-{n}", "project": PROJECTS[n % len(PROJECTS)], "user": "bench",
                 "cluster": "bench", "gpu_type": "H100", "gpus": 1, "requested_hours": 1}  # fmt: skip
-        status, answer = await pool.call("POST", "/v1/admission", orjson.dumps(body))
+        status, answer = await pool.call("POST", path, orjson.dumps(body))
         if status != 200:
             return f"HTTP {status}"
         verdict = orjson.loads(answer)["verdict"]
@@ -477,7 +504,7 @@ def drive(target: Target, cores: Cores, args: argparse.Namespace) -> Result:
 
 # -- report --------------------------------------------------------------------------------------
 def report(results: list[Result], args: argparse.Namespace, cores: Cores) -> None:
-    admission, trivial = results
+    admission, framework, trivial = results
     print()
     print(f"client: {args.client}; server core {cores.server} (both servers, with all their threads), "
           f"load generator core {cores.client}; the Kafka broker is not pinned")  # fmt: skip
@@ -528,6 +555,12 @@ def report(results: list[Result], args: argparse.Namespace, cores: Cores) -> Non
     print(f"decisions/s (closed loop): {admission.flat_out.rate:,.0f}; trivial endpoint: "
           f"{trivial.flat_out.rate:,.0f} req/s")  # fmt: skip
     print(f"ratio admission / trivial throughput: {ratio:.1%}")
+    if trivial.flat_out.rate and framework.flat_out.rate:
+        print(
+            f"  of which the framework (POST /echo, same body and token, no work): "
+            f"{framework.flat_out.rate:,.0f} req/s = {framework.flat_out.rate / trivial.flat_out.rate:.1%} "
+            f"of trivial; admission reaches {admission.flat_out.rate / framework.flat_out.rate:.1%} of that"
+        )
     p99 = admission.paced.percentile_ms(0.99)
     paced_ok = not admission.paced.errors and admission.paced.rate >= 0.95 * args.rate
     met_latency = p99 < 5.0 and paced_ok
@@ -642,7 +675,15 @@ def main() -> None:
             cores = Cores(server_core, client_core, (api.pid, trivial_server.pid))
             admission = Target("admission", api_url, api.pid, scheduler, admission_request(), args.client)
             trivial = Target("trivial", trivial_url, trivial_server.pid, {}, trivial_request(), args.client)
-            results = [drive(admission, cores, args), drive(trivial, cores, args)]
+            framework = Target(
+                "framework",
+                trivial_url,
+                trivial_server.pid,
+                scheduler,
+                admission_request("/echo"),
+                args.client,
+            )
+            results = [drive(target, cores, args) for target in (admission, framework, trivial)]
         report(results, args, cores)
     except KeyboardInterrupt:
         print("interrupted: servers stopped", file=sys.stderr)

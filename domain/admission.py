@@ -122,7 +122,7 @@ class _Facts:
             expected_units=request.gpus * request.requested_seconds * snapshot.rate,
             # "Never below 0" is the model's contract; clamping keeps hold <= available if it is broken.
             available_before_units=sum(max(line.available_units, 0) for line in snapshot.budget),
-            free_gpus=snapshot.cluster_gpus - sum(job.gpus for job in snapshot.running),
+            free_gpus=snapshot.cluster_gpus - snapshot.load.used_gpus,
             fairshare_factor=snapshot.fairshare.get(request.project, DEFAULT_FAIRSHARE),
             notes=() if note is None else (note,),
         )
@@ -130,9 +130,7 @@ class _Facts:
 
 def _time_slice_gpus(request: JobRequest, snapshot: AdmissionSnapshot) -> int:
     """GPUs the project holds in the time-slice lane now, before this job."""
-    return sum(
-        job.gpus for job in snapshot.running if job.project == request.project and job.lane is Lane.TIME_SLICE
-    )
+    return snapshot.load.time_slice_gpus(request.project)
 
 
 def _inside_guarantee(request: JobRequest, snapshot: AdmissionSnapshot) -> bool:
@@ -250,7 +248,7 @@ def _make_room(request: JobRequest, snapshot: AdmissionSnapshot, facts: _Facts, 
     if facts.free_gpus >= request.gpus:
         return _Room(True, (), 0)
     victims, freed = plan_victims(
-        snapshot.running,
+        snapshot.load.jobs,
         request.gpus - facts.free_gpus,
         now=snapshot.now,
         fairshare=snapshot.fairshare,
@@ -304,11 +302,7 @@ def _interactive(request: JobRequest, snapshot: AdmissionSnapshot, facts: _Facts
             f"{hours(request.requested_seconds)}. Submit it as a batch job instead."
         )
         return _decision(Verdict.REJECT, None, [Reason("interactive-too-long", message)], facts, snapshot)
-    in_use = sum(
-        job.gpus
-        for job in snapshot.running
-        if job.user == request.user and (job.interactive or job.lane is Lane.INTERACTIVE)
-    )
+    in_use = snapshot.load.interactive_gpus(request.user)
     if in_use + request.gpus > limits.max_gpus_per_user:
         message = (
             f"user {request.user} already holds {plural(in_use, 'GPU')} in interactive jobs; "

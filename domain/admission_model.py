@@ -8,7 +8,7 @@ snapshot: acting on a decision (holds, events) is the service's business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -56,6 +56,65 @@ class RunningJob:
     interactive: bool = False
 
 
+class ClusterLoad:
+    """The jobs holding GPUs of one cluster, and the sums every decision reads, kept up to date as
+    jobs come and go: a decision costs the same with 10 or 10,000 jobs on the cluster, and only
+    one that needs victims looks at the jobs themselves."""
+
+    __slots__ = ("_interactive", "_jobs", "_time_slice", "used_gpus")
+
+    def __init__(self, jobs: Iterable[RunningJob] = ()) -> None:
+        self._jobs: dict[str, RunningJob] = {}
+        self.used_gpus = 0
+        self._time_slice: dict[str, int] = {}  # project -> GPUs in the time-slice lane
+        self._interactive: dict[str, int] = {}  # user -> GPUs in interactive jobs
+        for job in jobs:
+            self.put(job)
+
+    def _count(self, job: RunningJob, sign: int) -> None:
+        self.used_gpus += sign * job.gpus
+        if job.lane is Lane.TIME_SLICE:
+            self._time_slice[job.project] = self._time_slice.get(job.project, 0) + sign * job.gpus
+        if job.interactive or job.lane is Lane.INTERACTIVE:
+            self._interactive[job.user] = self._interactive.get(job.user, 0) + sign * job.gpus
+
+    def put(self, job: RunningJob) -> None:
+        self.pop(job.job_id)
+        self._jobs[job.job_id] = job
+        self._count(job, 1)
+
+    def pop(self, job_id: str) -> RunningJob | None:
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            self._count(job, -1)
+        return job
+
+    @property
+    def jobs(self) -> Collection[RunningJob]:
+        """A live view: valid while nobody changes the load (the caller holds its lock)."""
+        return self._jobs.values()
+
+    def time_slice_gpus(self, project: str) -> int:
+        return self._time_slice.get(project, 0)
+
+    def interactive_gpus(self, user: str) -> int:
+        return self._interactive.get(user, 0)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClusterLoad) and self._jobs == other._jobs
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ClusterLoad({list(self._jobs.values())!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetLine:
     """One allocation that may pay for the job, in paying order (most specific first)."""
@@ -75,7 +134,7 @@ class InteractiveLimits:
 class AdmissionSnapshot:
     now: int
     cluster_gpus: int
-    running: tuple[RunningJob, ...]  # every job holding GPUs of the request's cluster
+    load: ClusterLoad  # every job holding GPUs of the request's cluster, with their sums
     budget: tuple[BudgetLine, ...]  # the project's allocations covering (now, cluster, GPU type)
     rate: int  # charge units per GPU-second for this job under the policy in force now
     guaranteed_gpus: int  # the project's time-slice guarantee on the cluster now (0: none)

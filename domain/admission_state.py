@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from domain.admission_model import Lane, RunningJob
+from domain.admission_model import ClusterLoad, Lane, RunningJob
 from schemas.admission_events import (
     AdmissionDecided,
     AdmissionEvent,
@@ -99,26 +99,37 @@ class AdmissionState:
     unhealthy: set[tuple[str, str]] = field(default_factory=set)
     _seen: set[str] = field(default_factory=set)
     # Indexes, so a decision costs what the cluster holds now, not everything ever admitted.
-    live: dict[str, dict[str, RunningJob]] = field(default_factory=dict)  # cluster -> jobs on it
+    live: dict[str, ClusterLoad] = field(default_factory=dict)  # cluster -> jobs on it
     active_holds: dict[str, dict[str, Hold]] = field(default_factory=dict)  # project -> job -> hold
     _reservations: list[tuple[int, str]] = field(default_factory=list)  # heap: (admitted at, job)
     # Units of the active holds per project and allocation, and which of those jobs run (only a
     # running job's usage can have spent part of its hold).
     _held_base: dict[str, dict[str, int]] = field(default_factory=dict)
     _spending: dict[str, set[str]] = field(default_factory=dict)
+    # What `releasable` reads instead of every active hold: jobs with a hold that ended, heaps of
+    # hold expiries and of start checks (hold placed at), and holds found due but not yet released.
+    _ended: set[str] = field(default_factory=set)
+    _expiries: list[tuple[int, str]] = field(default_factory=list)
+    _start_checks: list[tuple[int, str]] = field(default_factory=list)
+    _due: dict[str, str] = field(default_factory=dict)
 
     def _reindex(self, job: JobSeen) -> None:
         job._running = None
         for cluster, jobs in self.live.items():
             if cluster != job.cluster:
-                jobs.pop(job.job_id, None)
+                jobs.pop(job.job_id)
         if job.cluster and job.may_hold_gpus():
-            self.live.setdefault(job.cluster, {})[job.job_id] = job.as_running()
-        elif job.cluster:
-            self.live.get(job.cluster, {}).pop(job.job_id, None)
+            self.live.setdefault(job.cluster, ClusterLoad()).put(job.as_running())
+        elif job.cluster in self.live:
+            self.live[job.cluster].pop(job.job_id)
         hold = self.holds.get(job.job_id)
-        if hold is not None and not hold.released and (job.started or job.last != (0, 0)):
-            self._spending.setdefault(hold.project, set()).add(job.job_id)
+        if hold is not None and not hold.released:
+            if job.started or job.last != (0, 0):
+                self._spending.setdefault(hold.project, set()).add(job.job_id)
+            if job.may_hold_gpus():
+                self._ended.discard(job.job_id)
+            else:
+                self._ended.add(job.job_id)
 
     def _count_hold(self, hold: Hold, sign: int) -> None:
         base = self._held_base.setdefault(hold.project, {})
@@ -150,6 +161,8 @@ class AdmissionState:
                 self.holds[event.job_id] = hold
                 self.active_holds.setdefault(event.project, {})[event.job_id] = hold
                 self._count_hold(hold, 1)
+                heapq.heappush(self._expiries, (event.expires_at, event.job_id))
+                heapq.heappush(self._start_checks, (event.occurred_at, event.job_id))
                 if event.job_id in self.jobs:
                     self._reindex(self.jobs[event.job_id])
             case HoldReleased():
@@ -158,6 +171,8 @@ class AdmissionState:
                     released.released = True
                     self.active_holds.get(released.project, {}).pop(event.job_id, None)
                     self._count_hold(released, -1)
+                    self._ended.discard(event.job_id)
+                    self._due.pop(event.job_id, None)
             case HostUnhealthy():
                 self.unhealthy.add((event.cluster, event.host))
             case HostRecovered():
@@ -202,15 +217,16 @@ class AdmissionState:
                 self._reindex(held)
 
     # -- reads --------------------------------------------------------------------------------
-    def running_on(self, cluster: str, now: int, start_deadline_s: int) -> list[RunningJob]:
-        """The jobs holding GPUs of the cluster at `now`, which must not go back between calls."""
+    def load_on(self, cluster: str, now: int, start_deadline_s: int) -> ClusterLoad:
+        """The jobs holding GPUs of the cluster at `now`, which must not go back between calls (a
+        live view: read it under the lock that guards this state)."""
         # Reservations whose start deadline has passed leave the index for good.
         while self._reservations and self._reservations[0][0] + start_deadline_s <= now:
             _, job_id = heapq.heappop(self._reservations)
             job = self.jobs.get(job_id)
-            if job is not None and not job.started and job.last == (0, 0):
-                self.live.get(job.cluster, {}).pop(job_id, None)
-        return list(self.live.get(cluster, {}).values())
+            if job is not None and not job.started and job.last == (0, 0) and job.cluster in self.live:
+                self.live[job.cluster].pop(job_id)
+        return self.live.setdefault(cluster, ClusterLoad())
 
     def unhealthy_hosts(self, cluster: str) -> frozenset[str]:
         return frozenset(host for c, host in self.unhealthy if c == cluster)
@@ -230,20 +246,31 @@ class AdmissionState:
         return {a: units for a, units in found.items() if units}
 
     def releasable(self, now: int, start_deadline_s: int) -> list[tuple[str, str]]:
-        """(job id, reason) of active holds whose job ended or did not start in time."""
-        due = []
-        active = sorted(
-            (job_id, hold) for pool in self.active_holds.values() for job_id, hold in pool.items()
-        )
-        for job_id, hold in active:
+        """(job id, reason) of active holds whose job ended or did not start in time, by job id.
+
+        Costs what is due, not what is held: ended jobs are collected as they end, and expiries
+        and start deadlines come off heaps. A read: what it finds stays due until released."""
+        while self._expiries and self._expiries[0][0] <= now:
+            _, job_id = heapq.heappop(self._expiries)
+            self._due[job_id] = "expired"
+        while self._start_checks and self._start_checks[0][0] + start_deadline_s <= now:
+            _, job_id = heapq.heappop(self._start_checks)
+            job = self.jobs.get(job_id)
+            if job is not None and not job.holds_gpus(now, start_deadline_s):
+                self._due[job_id] = "expired"
+        due = {}
+        for job_id in self._ended | self._due.keys():
+            hold = self.holds.get(job_id)
+            if hold is None or hold.released:
+                continue
             job = self.jobs.get(job_id)
             if job is not None and job.finished:
-                due.append((job_id, "finished"))
+                due[job_id] = "finished"
             elif job is not None and job.last[1] == _PREEMPTED:
-                due.append((job_id, "preempted"))
-            elif now >= hold.expires_at or (job is not None and not job.holds_gpus(now, start_deadline_s)):
-                due.append((job_id, "expired"))
-        return due
+                due[job_id] = "preempted"
+            else:  # past its expiry or start deadline, or never to hold GPUs again
+                due[job_id] = "expired"
+        return sorted(due.items())
 
     @classmethod
     def of(cls, events: Iterable[AdmissionEvent], job_events: Iterable[JobEvent] = ()) -> AdmissionState:

@@ -23,7 +23,7 @@ more than its share gives way first; missing factor: 0.5), then the least work l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from enum import IntEnum
 
@@ -122,7 +122,7 @@ _WHY: Mapping[str, Callable[[RunningJob, float, frozenset[str]], str]] = {
 
 
 def plan_victims(
-    running: Sequence[RunningJob],
+    running: Iterable[RunningJob],
     gpus_needed: int,
     *,
     now: int,
@@ -166,7 +166,7 @@ def preemption_plan(
 ) -> tuple[tuple[Victim, ...], int]:
     """`plan_victims` on an admission snapshot (for the HTTP endpoint that shows a plan)."""
     return plan_victims(
-        snapshot.running,
+        snapshot.load.jobs,
         gpus_needed,
         now=snapshot.now,
         fairshare=snapshot.fairshare,

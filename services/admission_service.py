@@ -7,8 +7,9 @@ from the calculator's latest snapshot. A request builds a snapshot, `domain.admi
 answers, the decision and its hold are folded in and published; no database is asked.
 
 Decisions are made one at a time under a lock (microseconds: capacity and budgets are shared);
-publishing happens outside it, so concurrent requests share the broker round trips. A request is
-answered only once its events are acknowledged by the broker: what was answered can be replayed.
+publishing happens outside it, in group commits (`services.group_commit`): concurrent requests share
+one record batch and one broker round trip. A request is answered only once its events are
+acknowledged by the broker: what was answered can be replayed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from schemas.admission_events import (
 from schemas.events import ContractError, parse_job_event
 from services.admin_log import AdminLog
 from services.fairshare_calculator import FairShareCalculator
+from services.group_commit import GroupCommit
 
 log = structlog.get_logger(__name__)
 
@@ -81,6 +83,7 @@ class AdmissionService:
         self.state = AdmissionState()
         self._lock = threading.Lock()
         self._producer: AIOKafkaProducer | None = None
+        self._log: GroupCommit | None = None
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
         self._jobs_lag = LagWatch()
@@ -94,9 +97,14 @@ class AdmissionService:
     async def start(self) -> None:
         await asyncio.to_thread(self._replay_own_log)
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap_servers, acks="all", enable_idempotence=True
+            bootstrap_servers=self.settings.kafka_bootstrap_servers,
+            acks="all",
+            enable_idempotence=True,
+            max_batch_size=1024 * 1024,  # a group commit is one batch: room for a burst of decisions
         )
         await self._producer.start()
+        self._log = GroupCommit(self._producer, self.settings.admission_topic)
+        self._log.start()
         self._jobs_thread = threading.Thread(
             target=self._follow_job_events, name="admission-jobs", daemon=True
         )
@@ -104,6 +112,8 @@ class AdmissionService:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._log is not None:
+            await self._log.stop()
         if self._producer is not None:
             await self._producer.stop()
         if self._jobs_thread is not None:
@@ -163,14 +173,9 @@ class AdmissionService:
                 consumer.close(autocommit=False)
 
     async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
-        if self._producer is None:
+        if self._log is None:
             raise RuntimeError("the admission service has not started")
-        topic = self.settings.admission_topic
-        sent = [
-            await self._producer.send(topic, encode_admission_event(e), key=e.key.encode(), partition=0)
-            for e in events
-        ]
-        await asyncio.gather(*sent)
+        await self._log.publish([(e.key.encode(), encode_admission_event(e)) for e in events])
 
     # -- deciding ------------------------------------------------------------------------------
     def validate(self, request: JobRequest) -> None:
@@ -209,7 +214,7 @@ class AdmissionService:
         return AdmissionSnapshot(
             now=now,
             cluster_gpus=cluster.gpus,
-            running=tuple(self.state.running_on(request.cluster, now, s.admission_start_deadline_s)),
+            load=self.state.load_on(request.cluster, now, s.admission_start_deadline_s),
             budget=budget_lines(balance, now, request.cluster, request.gpu_type),
             rate=policy.rate_per_gpu_second(request.gpu_type, request.priority_class, request.interactive),
             guaranteed_gpus=guarantees.get(request.project, 0),
@@ -281,13 +286,12 @@ class AdmissionService:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
         now = self.now()
         latest = self.calculator.latest
-        with self._lock:
-            running = self.state.running_on(cluster, now, self.settings.admission_start_deadline_s)
-            unhealthy = self.state.unhealthy_hosts(cluster)
-        return plan_victims(
-            running, gpus, now=now, fairshare=latest.factors if latest else {}, unhealthy_hosts=unhealthy,
-            reach=Reach.STANDARD,
-        )  # fmt: skip
+        with self._lock:  # the load is a live view
+            load = self.state.load_on(cluster, now, self.settings.admission_start_deadline_s)
+            return plan_victims(
+                load.jobs, gpus, now=now, fairshare=latest.factors if latest else {},
+                unhealthy_hosts=self.state.unhealthy_hosts(cluster), reach=Reach.STANDARD,
+            )  # fmt: skip
 
     async def host_health(
         self, cluster: str, host: str, healthy: bool, reason: str, actor: str

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from allmende import __version__
 from allmende.clickhouse import Database
+from allmende.gc_pauses import freeze_long_lived
 from allmende.kafka_topics import ensure_topics
 from allmende.logs import configure_logging
 from allmende.settings import Settings
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if admission is not None:
             tasks.append(asyncio.create_task(_release_periodically(admission)))
         log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
+        freeze_long_lived()  # the replayed projections: out of every later full collection
         try:
             yield
         finally:
@@ -116,11 +118,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="GPU-hour budgets, ledger and admission for shared GPU clusters",
         lifespan=lifespan,
     )
+    # Routes match in order: the scheduler's per-job call first, the human-paced ones after.
+    app.include_router(admission_router)
     app.include_router(usage_router)
     app.include_router(balance_router)
     app.include_router(admin_router)
     app.include_router(fairshare_router)
-    app.include_router(admission_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])

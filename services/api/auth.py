@@ -54,9 +54,7 @@ class TokenBook:
         return found
 
 
-def _principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Principal:
+def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
     if credentials is None:
         raise HTTPException(
             401, "send a token: Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
@@ -68,13 +66,27 @@ def _principal(
     return principal
 
 
-def _admin(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+# One dependency per role, each on the bearer scheme directly: FastAPI solves every level of a
+# dependency chain per request, and the scheduler calls once per job.
+async def _principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    return _who(request, credentials)
+
+
+async def _admin(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    principal = _who(request, credentials)
     if principal.role != "admin":
         raise HTTPException(403, f"{principal.name} is not an admin")
     return principal
 
 
-def _scheduler(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+async def _scheduler(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    principal = _who(request, credentials)
     if principal.role not in ("scheduler", "admin"):
         raise HTTPException(403, f"{principal.name} is not the scheduler (nor an admin)")
     return principal

@@ -11,12 +11,12 @@ from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
 
-def _store(request: Request) -> LedgerStore:
+async def _store(request: Request) -> LedgerStore:
     store: LedgerStore = request.app.state.store
     return store
 
 
-def _writer(request: Request) -> LedgerWriter | None:
+async def _writer(request: Request) -> LedgerWriter | None:
     writer: LedgerWriter | None = request.app.state.writer
     return writer
 
@@ -25,7 +25,7 @@ Store = Annotated[LedgerStore, Depends(_store)]
 Writer = Annotated[LedgerWriter | None, Depends(_writer)]
 
 
-def _admin_service(request: Request) -> AdminService:
+async def _admin_service(request: Request) -> AdminService:
     service: AdminService = request.app.state.admin
     return service
 

@@ -6,7 +6,7 @@ import math
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from domain.admission_model import JobRequest
@@ -106,6 +106,12 @@ def _service(request: Request) -> AdmissionService:
     return service
 
 
+def _json(answer: AdmissionResponse) -> Response:
+    """The answer serialized once, by its own model: FastAPI would validate it again first (the
+    response model stays declared, for the OpenAPI schema)."""
+    return Response(answer.__pydantic_serializer__.to_json(answer), media_type="application/json")
+
+
 def _refused(exc: AdmissionRefused) -> HTTPException:
     code = {404: "unknown", 409: "conflict"}.get(exc.status, "invalid")
     return HTTPException(exc.status, {"detail": str(exc), "code": code})
@@ -122,13 +128,13 @@ async def admission(
     caller: Scheduler,
     request: Request,
     dry_run: Annotated[bool, Query(description="decide without recording: what would happen now")] = False,
-) -> AdmissionResponse:
+) -> Response:
     service = _service(request)
     try:
         decided = await service.admit(body.job(), caller.name, dry_run=dry_run)
     except AdmissionRefused as exc:
         raise _refused(exc) from None
-    return AdmissionResponse.of(decided)
+    return _json(AdmissionResponse.of(decided))
 
 
 @router.get(
@@ -138,11 +144,11 @@ async def recorded(
     job_id: Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")],
     caller: Scheduler,
     request: Request,
-) -> AdmissionResponse:
+) -> Response:
     decided = _service(request).decision(job_id)
     if decided is None:
         raise HTTPException(404, f"no decision for job {job_id!r}")
-    return AdmissionResponse.of(decided)
+    return _json(AdmissionResponse.of(decided))
 
 
 @router.post(

@@ -14,6 +14,7 @@ from fractions import Fraction
 from domain.admission_model import (
     AdmissionSnapshot,
     BudgetLine,
+    ClusterLoad,
     InteractiveLimits,
     JobRequest,
     Lane,
@@ -92,7 +93,7 @@ def snapshot(
 ) -> AdmissionSnapshot:  # fmt: skip
     """The cluster as `decide` sees it; `budget=()` is a project without any allocation."""
     return AdmissionSnapshot(
-        now=now, cluster_gpus=cluster_gpus, running=tuple(running),
+        now=now, cluster_gpus=cluster_gpus, load=ClusterLoad(running),
         budget=(line(),) if budget is None else tuple(budget), rate=rate, guaranteed_gpus=guaranteed,
         protected_projects=frozenset({"proj"}) if guaranteed else frozenset(),
         guarantees={"proj": guaranteed} if guaranteed else {}, fairshare=dict(fairshare or {}),

@@ -12,6 +12,7 @@ from domain.admission import LANES_THAT_HOLD, decide, gpu_hours, hold_for
 from domain.admission_model import (
     AdmissionSnapshot,
     BudgetLine,
+    ClusterLoad,
     Decision,
     InteractiveLimits,
     JobRequest,
@@ -540,7 +541,7 @@ def snapshots(draw: st.DrawFn) -> AdmissionSnapshot:
     return AdmissionSnapshot(
         now=NOW,
         cluster_gpus=draw(st.integers(0, 32)),
-        running=tuple(running),
+        load=ClusterLoad(running),
         budget=tuple(budget),
         rate=draw(st.sampled_from([0, RATE // 2, RATE, 3 * RATE])),
         guaranteed_gpus=draw(st.integers(0, 12)),
@@ -580,10 +581,10 @@ def test_an_admission_always_has_room_and_never_holds_more_than_is_left(
     hold_lines = {line.allocation_id: line.available_units for line in snap.budget}
     assert all(units <= hold_lines[allocation] for allocation, units in decision.hold)
     if decision.verdict is ADMIT:
-        free = snap.cluster_gpus - sum(j.gpus for j in snap.running)
+        free = snap.cluster_gpus - sum(j.gpus for j in snap.load.jobs)
         freed = sum(v.gpus for v in decision.preempt)
         assert free + freed >= job_request.gpus
         assert decision.lane is not None
-        assert {v.job_id for v in decision.preempt} <= {j.job_id for j in snap.running}
+        assert {v.job_id for v in decision.preempt} <= {j.job_id for j in snap.load.jobs}
         if decision.lane is OPPORTUNISTIC:
             assert decision.preempt == ()

@@ -55,7 +55,7 @@ def preempted(job: str, at: int) -> JobPreempted:
 
 
 def _ids(state: AdmissionState, now: int) -> set[str]:
-    return {j.job_id for j in state.running_on("c1", now, DEADLINE)}
+    return {j.job_id for j in state.load_on("c1", now, DEADLINE).jobs}
 
 
 @pytest.mark.parametrize(

@@ -265,9 +265,9 @@ def test_the_plan_for_a_snapshot_is_the_plan_for_its_running_jobs() -> None:
     )  # fmt: skip
 
     assert preemption_plan(snap, 16, Reach.PREEMPTIBLE) == plan(
-        *snap.running, needed=16, reach=Reach.PREEMPTIBLE, fairshare=SHARES, unhealthy=BAD
+        *snap.load.jobs, needed=16, reach=Reach.PREEMPTIBLE, fairshare=SHARES, unhealthy=BAD
     )
-    assert preemption_plan(snap, 16) == plan(*snap.running, needed=16, fairshare=SHARES, unhealthy=BAD)
+    assert preemption_plan(snap, 16) == plan(*snap.load.jobs, needed=16, fairshare=SHARES, unhealthy=BAD)
 
 
 # -- properties ---------------------------------------------------------------------------------
