@@ -31,7 +31,7 @@ from schemas.events import JobEvent, JobFinished, JobPreempted, JobStarted, JobS
 _STARTED, _PREEMPTED, _FINISHED = 3, 1, 2  # ranks at the same second, as the meter orders them
 
 
-@dataclass
+@dataclass(slots=True)
 class Hold:
     job_id: str
     project: str
@@ -52,7 +52,7 @@ class Hold:
         return left
 
 
-@dataclass
+@dataclass(slots=True)
 class JobSeen:
     job_id: str
     cluster: str = ""
@@ -91,7 +91,7 @@ class JobSeen:
         )  # fmt: skip
 
 
-@dataclass
+@dataclass(slots=True)
 class AdmissionState:
     decisions: dict[str, AdmissionDecided] = field(default_factory=dict)
     holds: dict[str, Hold] = field(default_factory=dict)

@@ -9,7 +9,7 @@ falls in: exact for periods that begin and end on the hour (quarters, days), as 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from domain.admission_model import BudgetLine
 from domain.allocations import Allocation
@@ -42,6 +42,32 @@ def live_balance(
 ) -> ProjectBalance:
     rows = rows_from_hours(allocations, slots)
     return project_balance(project, now, allocations, rows, sum(slots.values()), 0, held)
+
+
+class ChargeRowsCache:
+    """`rows_from_hours` and the total per project, computed again only when the caller's key
+    (its usage's version, the allocations' revision) changes: a decision then costs the project's
+    allocation segments, not its history of hours."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[Hashable, list[ChargeRow], int]] = {}
+
+    def balance(
+        self,
+        project: str,
+        key: Hashable,
+        now: int,
+        allocations: Sequence[Allocation],
+        slots: Mapping[Slot, int],
+        held: Mapping[str, int],
+    ) -> ProjectBalance:
+        """`live_balance`, equal to it for the same inputs as long as `key` names them."""
+        cached = self._rows.get(project)
+        if cached is None or cached[0] != key:
+            cached = (key, rows_from_hours(allocations, slots), sum(slots.values()))
+            self._rows[project] = cached
+        _, rows, total = cached
+        return project_balance(project, now, allocations, rows, total, 0, held)
 
 
 def budget_lines(balance: ProjectBalance, now: int, cluster: str, gpu_type: str) -> tuple[BudgetLine, ...]:

@@ -18,6 +18,7 @@ numbers whenever it runs.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ from schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
 
+
+_GENERATIONS = itertools.count(1)
 
 Slot = tuple[int, str, str]  # (hour index, cluster, GPU type): what a budget's scope can tell apart
 
@@ -48,6 +51,7 @@ class UsageLedger:
     hours: dict[str, dict[Slot, int]] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)  # job id -> charge units so far
     versions: dict[str, int] = field(default_factory=dict)  # project -> changes taken: a cache key
+    generation: int = field(default_factory=lambda: next(_GENERATIONS))  # a rebuilt ledger is another
     clock: int = 0  # the latest end of use seen: the stream's "now"
 
     def apply(self, entry: LedgerEntry, timeline: PolicyTimeline) -> bool:

@@ -30,7 +30,7 @@ from allmende.settings import Settings
 from domain.admission import decide
 from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, Victim
 from domain.admission_state import AdmissionState
-from domain.budget_view import budget_lines, live_balance
+from domain.budget_view import ChargeRowsCache, budget_lines
 from domain.preemption import Reach, plan_victims
 from domain.timeslices import active_at
 from schemas.admission_events import (
@@ -60,6 +60,9 @@ DECIDE_SECONDS = Histogram(
 )
 
 
+RELEASE_CHUNK = 50  # hold releases per turn of the event loop
+
+
 class AdmissionRefused(ValueError):
     """The request itself is wrong (unknown project or cluster, too many GPUs): a 4xx, not a verdict."""
 
@@ -84,6 +87,7 @@ class AdmissionService:
         self._lock = threading.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._log: GroupCommit | None = None
+        self._charges = ChargeRowsCache()
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
         self._jobs_lag = LagWatch()
@@ -201,10 +205,14 @@ class AdmissionService:
         admin = self.admin_log.state
         cluster = admin.clusters[request.cluster]
         usage = self.calculator.usage
+        allocations = admin.allocations_of(request.project)
         with self.calculator.lock:
-            slots = dict(usage.hours.get(request.project, {}))
             held = self.state.held(usage.jobs, request.project)
-        balance = live_balance(request.project, now, admin.allocations_of(request.project), slots, held)
+            # Rows from the project's hours only when they or the allocations changed.
+            key = (usage.generation, usage.versions.get(request.project, 0), id(admin), len(admin.history))
+            balance = self._charges.balance(
+                request.project, key, now, allocations, usage.hours.get(request.project, {}), held
+            )
         agreements = active_at(admin.active_agreements(), request.cluster, now)
         guarantees: dict[str, int] = {}
         for agreement in agreements:
@@ -315,26 +323,35 @@ class AdmissionService:
         await self._publish([event])
         return event
 
-    async def release_due(self) -> list[HoldReleased]:
-        """Release the holds of jobs that ended or never started: events, like everything else."""
+    async def release_due(self, chunk: int = RELEASE_CHUNK) -> list[HoldReleased]:
+        """Release the holds of jobs that ended or never started: events, like everything else.
+
+        In chunks, with the event loop free between them: a burst of releases (a wave of jobs
+        ending) must not hold up the decisions waiting behind it."""
         now = self.now()
         with self._lock:
             due = self.state.releasable(now, self.settings.admission_start_deadline_s)
-            events = [
-                HoldReleased(
-                    event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
-                    occurred_at=now,
-                    actor="allmende-admission",
-                    job_id=job_id,
-                    reason=reason,
-                )
-                for job_id, reason in due
-            ]
-            for event in events:
-                self.state.apply(event)
-        if events:
-            await self._publish(events)
-        return events
+        released: list[HoldReleased] = []
+        sends = []
+        for first in range(0, len(due), chunk):
+            with self._lock:
+                events = [
+                    HoldReleased(
+                        event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
+                        occurred_at=now,
+                        actor="allmende-admission",
+                        job_id=job_id,
+                        reason=reason,
+                    )
+                    for job_id, reason in due[first : first + chunk]
+                ]
+                for event in events:
+                    self.state.apply(event)
+            released.extend(events)
+            sends.append(asyncio.ensure_future(self._publish(events)))
+            await asyncio.sleep(0)
+        await asyncio.gather(*sends)
+        return released
 
     def held_units(self, project: str) -> dict[str, int]:
         """Units held per allocation of the project now: the balance's `held` column."""
