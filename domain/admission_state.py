@@ -249,7 +249,7 @@ class AdmissionState:
         """(job id, reason) of active holds whose job ended or did not start in time, by job id.
 
         Costs what is due, not what is held: ended jobs are collected as they end, and expiries
-        and start deadlines come off heaps. A read: what it finds stays due until released."""
+        and start deadlines come off heaps. A read: asked again without releasing, it answers the same."""
         while self._expiries and self._expiries[0][0] <= now:
             _, job_id = heapq.heappop(self._expiries)
             self._due[job_id] = "expired"
@@ -268,6 +268,13 @@ class AdmissionState:
                 due[job_id] = "finished"
             elif job is not None and job.last[1] == _PREEMPTED:
                 due[job_id] = "preempted"
+            elif (
+                job_id not in self._ended
+                and now < hold.expires_at
+                and job is not None
+                and job.holds_gpus(now, start_deadline_s)
+            ):
+                del self._due[job_id]  # found late for its start, then it started: no longer due
             else:  # past its expiry or start deadline, or never to hold GPUs again
                 due[job_id] = "expired"
         return sorted(due.items())

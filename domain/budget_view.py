@@ -40,8 +40,8 @@ def live_balance(
     slots: Mapping[Slot, int],
     held: Mapping[str, int],
 ) -> ProjectBalance:
-    rows = rows_from_hours(allocations, slots)
-    return project_balance(project, now, allocations, rows, sum(slots.values()), 0, held)
+    """The balance from the hours as they are now (no cache: every call walks them)."""
+    return ChargeRowsCache().balance(project, None, now, allocations, slots, held)
 
 
 class ChargeRowsCache:
