@@ -10,6 +10,10 @@ Two servers run as subprocesses pinned to the same core (with all their threads)
              bearer token, a small JSON answer, nothing else: what FastAPI costs for the same call
   trivial    `GET /ping` of the same small app, under the same uvicorn: the floor
 
+and, with the servers idle, the broker alone: two records the size of a decision and its hold,
+published through the service's group commit (acks=all) on the open loop's schedule: the latency
+floor under every decision, which is answered only once Kafka has it.
+
 The load generator is this process, pinned to the other core, on asyncio: keep-alive connections,
 each an httpx.AsyncClient (--client httpx, the default), or plain HTTP/1.1 over asyncio streams
 (--client raw: httpx costs about a millisecond of client CPU per request, which caps one core
@@ -71,6 +75,7 @@ PROJECTS = ("alpha", "beta", "gamma", "delta")
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 10.0
 OPEN_LOOP_CONNECTIONS = 128  # past this many answers outstanding, requests queue in the client
+DECISION_BYTES, HOLD_BYTES = 650, 220  # about what the service writes per admitted job
 
 # The baseline: what FastAPI and uvicorn cost with nothing behind them. Module level, so that
 # `bench/admission.py --serve-trivial PORT` serves it in a process of its own.
@@ -456,6 +461,61 @@ async def closed_loop(target: Target, workers: int, seconds: float) -> Phase:
     return phase
 
 
+async def broker_round_trips(bootstrap: str, topic: str, rate: float, seconds: float) -> Phase:
+    """The floor under an acknowledged decision: two records the size of a decision and its hold,
+    published on the open loop's schedule through the service's group commit (acks=all), from
+    this process while the servers idle. Latency counts from the scheduled start."""
+    from aiokafka import AIOKafkaProducer
+
+    from services.group_commit import GroupCommit
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, max_batch_size=1024 * 1024
+    )
+    await producer.start()
+    log = GroupCommit(producer, topic)
+    log.start()
+    phase = Phase()
+    records = [(b"job", b"d" * DECISION_BYTES), (b"job", b"h" * HOLD_BYTES)]
+
+    async def write(scheduled: float) -> None:
+        try:
+            await log.publish(records)
+        except Exception as exc:  # counted, and the run goes on
+            phase.error(type(exc).__name__)
+            return
+        phase.latencies_s.append(time.perf_counter() - scheduled)
+
+    try:
+        for measured in (False, True):  # a second of warm-up, then the measured run
+            phase.latencies_s.clear()
+            tasks = []
+            t0 = time.perf_counter()
+            for i in range(int(rate * (seconds if measured else 1.0))):
+                scheduled = t0 + i / rate
+                delay = scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(write(scheduled)))
+            await asyncio.gather(*tasks)
+            phase.seconds = time.perf_counter() - t0
+    finally:
+        await log.stop()
+        await producer.stop()
+    return phase
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        client.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        client.close()
+
+
 @dataclass(frozen=True)
 class Cores:
     server: int
@@ -503,7 +563,7 @@ def drive(target: Target, cores: Cores, args: argparse.Namespace) -> Result:
 
 
 # -- report --------------------------------------------------------------------------------------
-def report(results: list[Result], args: argparse.Namespace, cores: Cores) -> None:
+def report(results: list[Result], acks: Phase, args: argparse.Namespace, cores: Cores) -> None:
     admission, framework, trivial = results
     print()
     print(f"client: {args.client}; server core {cores.server} (both servers, with all their threads), "
@@ -561,11 +621,19 @@ def report(results: list[Result], args: argparse.Namespace, cores: Cores) -> Non
             f"{framework.flat_out.rate:,.0f} req/s = {framework.flat_out.rate / trivial.flat_out.rate:.1%} "
             f"of trivial; admission reaches {admission.flat_out.rate / framework.flat_out.rate:.1%} of that"
         )
+    print(
+        f"broker floor: a decision and its hold (2 records) through the group commit, acks=all, "
+        f"{args.rate:g}/s from the load generator: p50 {acks.percentile_ms(0.5):.2f} ms, "
+        f"p99 {acks.percentile_ms(0.99):.2f} ms, max {acks.percentile_ms(1.0):.2f} ms"
+        f"{f', errors {acks.errors}' if acks.errors else ''}"
+    )
     p99 = admission.paced.percentile_ms(0.99)
     paced_ok = not admission.paced.errors and admission.paced.rate >= 0.95 * args.rate
     met_latency = p99 < 5.0 and paced_ok
     print(f"target p99 < 5 ms at {args.rate:g} req/s: {'yes' if met_latency else 'NO'} ({p99:.2f} ms"
           f"{'' if paced_ok else ', with errors or short of the rate'})")  # fmt: skip
+    print(f"  under it, measured alone: the framework's p99 {framework.paced.percentile_ms(0.99):.2f} ms, "
+          f"the broker's {acks.percentile_ms(0.99):.2f} ms")  # fmt: skip
     met_share = ratio >= 0.5
     print(
         f"target >= 50 % of the trivial endpoint's throughput: {'yes' if met_share else 'NO'} ({ratio:.1%})"
@@ -684,7 +752,11 @@ def main() -> None:
                 args.client,
             )
             results = [drive(target, cores, args) for target in (admission, framework, trivial)]
-        report(results, args, cores)
+            acks_topic = f"{tag}.bench-acks"
+            create_topic(bootstrap, acks_topic)
+            print(f"broker: {args.rate:g} acknowledged writes/s for {args.seconds:g} s", flush=True)
+            acks = asyncio.run(broker_round_trips(bootstrap, acks_topic, args.rate, args.seconds))
+        report(results, acks, args, cores)
     except KeyboardInterrupt:
         print("interrupted: servers stopped", file=sys.stderr)
         raise SystemExit(130) from None

@@ -101,16 +101,17 @@ class AdmissionState:
     # Indexes, so a decision costs what the cluster holds now, not everything ever admitted.
     live: dict[str, ClusterLoad] = field(default_factory=dict)  # cluster -> jobs on it
     active_holds: dict[str, dict[str, Hold]] = field(default_factory=dict)  # project -> job -> hold
-    _reservations: list[tuple[int, str]] = field(default_factory=list)  # heap: (admitted at, job)
+    # Heap of (admitted at, job): at its start deadline a job that has not started leaves its
+    # cluster's load, and its hold is due.
+    _start_deadlines: list[tuple[int, str]] = field(default_factory=list)
     # Units of the active holds per project and allocation, and which of those jobs run (only a
     # running job's usage can have spent part of its hold).
     _held_base: dict[str, dict[str, int]] = field(default_factory=dict)
     _spending: dict[str, set[str]] = field(default_factory=dict)
-    # What `releasable` reads instead of every active hold: jobs with a hold that ended, heaps of
-    # hold expiries and of start checks (hold placed at), and holds found due but not yet released.
+    # What `releasable` reads instead of every active hold: jobs with a hold that ended, a heap of
+    # hold expiries, and holds found due but not yet released.
     _ended: set[str] = field(default_factory=set)
     _expiries: list[tuple[int, str]] = field(default_factory=list)
-    _start_checks: list[tuple[int, str]] = field(default_factory=list)
     _due: dict[str, str] = field(default_factory=dict)
 
     def _reindex(self, job: JobSeen) -> None:
@@ -155,14 +156,13 @@ class AdmissionState:
                     job.admitted_at = event.occurred_at
                     job.since = job.since or event.occurred_at
                     self._reindex(job)
-                    heapq.heappush(self._reservations, (event.occurred_at, event.job_id))
+                    heapq.heappush(self._start_deadlines, (event.occurred_at, event.job_id))
             case HoldPlaced():
                 hold = Hold(event.job_id, event.project, tuple(event.allocations), event.expires_at)
                 self.holds[event.job_id] = hold
                 self.active_holds.setdefault(event.project, {})[event.job_id] = hold
                 self._count_hold(hold, 1)
                 heapq.heappush(self._expiries, (event.expires_at, event.job_id))
-                heapq.heappush(self._start_checks, (event.occurred_at, event.job_id))
                 if event.job_id in self.jobs:
                     self._reindex(self.jobs[event.job_id])
             case HoldReleased():
@@ -220,13 +220,22 @@ class AdmissionState:
     def load_on(self, cluster: str, now: int, start_deadline_s: int) -> ClusterLoad:
         """The jobs holding GPUs of the cluster at `now`, which must not go back between calls (a
         live view: read it under the lock that guards this state)."""
-        # Reservations whose start deadline has passed leave the index for good.
-        while self._reservations and self._reservations[0][0] + start_deadline_s <= now:
-            _, job_id = heapq.heappop(self._reservations)
-            job = self.jobs.get(job_id)
-            if job is not None and not job.started and job.last == (0, 0) and job.cluster in self.live:
-                self.live[job.cluster].pop(job_id)
+        self._pass_start_deadlines(now, start_deadline_s)
         return self.live.setdefault(cluster, ClusterLoad())
+
+    def _pass_start_deadlines(self, now: int, start_deadline_s: int) -> None:
+        """Jobs admitted `start_deadline_s` or longer ago: a reservation that did not start leaves
+        its cluster's load for good, and a hold whose job holds no GPUs is due."""
+        while self._start_deadlines and self._start_deadlines[0][0] + start_deadline_s <= now:
+            _, job_id = heapq.heappop(self._start_deadlines)
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            if not job.started and job.last == (0, 0) and job.cluster in self.live:
+                self.live[job.cluster].pop(job_id)
+            hold = self.holds.get(job_id)
+            if hold is not None and not hold.released and not job.holds_gpus(now, start_deadline_s):
+                self._due[job_id] = "expired"
 
     def unhealthy_hosts(self, cluster: str) -> frozenset[str]:
         return frozenset(host for c, host in self.unhealthy if c == cluster)
@@ -253,11 +262,7 @@ class AdmissionState:
         while self._expiries and self._expiries[0][0] <= now:
             _, job_id = heapq.heappop(self._expiries)
             self._due[job_id] = "expired"
-        while self._start_checks and self._start_checks[0][0] + start_deadline_s <= now:
-            _, job_id = heapq.heappop(self._start_checks)
-            job = self.jobs.get(job_id)
-            if job is not None and not job.holds_gpus(now, start_deadline_s):
-                self._due[job_id] = "expired"
+        self._pass_start_deadlines(now, start_deadline_s)
         due = {}
         for job_id in self._ended | self._due.keys():
             hold = self.holds.get(job_id)

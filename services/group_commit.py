@@ -15,14 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
+from prometheus_client import Histogram
 
 Record = tuple[bytes, bytes]  # key, value
 # Below Kafka's default message.max.bytes (1 MiB) with room for the batch's own header.
 MAX_RECORD_BYTES = 1_000_000
+
+# The wait every answer pays for durability: the floor under the admission latency.
+COMMIT_SECONDS = Histogram(
+    "allmende_group_commit_seconds",
+    "From a group's send to the broker's acknowledgement of all its batches",
+    ["topic"],
+    buckets=(5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.25, 1.0),
+)
+COMMIT_CALLERS = Histogram(
+    "allmende_group_commit_callers",
+    "Callers whose records share one group commit",
+    ["topic"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 512),
+)
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -81,6 +97,7 @@ class GroupCommit:
     async def _commit(self, group: list[tuple[Sequence[Record], asyncio.Future[None]]]) -> None:
         """Send the group in as few batches as fit; each caller hears of the batches its records
         are in (one failed batch fails only the callers with records in it)."""
+        started = time.perf_counter()
         batches: list[tuple[BatchBuilder, list[asyncio.Future[None]]]] = []
         batch = self._producer.create_batch()
         callers: list[asyncio.Future[None]] = []
@@ -110,6 +127,8 @@ class GroupCommit:
             except Exception as exc:  # the broker refused the batch or went away
                 failed.update((id(f), exc) for f in callers)
         self.batches += len(batches)
+        COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
+        COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
         for _, future in group:
             if future.done():
                 continue

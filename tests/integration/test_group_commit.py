@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
+from prometheus_client import REGISTRY
 
 from allmende.kafka_reading import read_to_end, replaying_consumer
 from allmende.kafka_topics import ensure_topics
@@ -78,3 +79,8 @@ def test_concurrent_callers_share_batches_and_each_sees_its_records_once_in_orde
     assert all(key == f"job-{v.split(':')[0]}".encode() for (key, _), v in zip(seen, good, strict=False))
     # Shared: far fewer batches than callers (each caller alone would have needed its own).
     assert batches < CALLERS // 4, batches
+    # The metrics count every caller that queued (all but the refused one, plus "after") once.
+    labels = {"topic": settings.admission_topic}
+    assert REGISTRY.get_sample_value("allmende_group_commit_callers_sum", labels) == CALLERS
+    commits = REGISTRY.get_sample_value("allmende_group_commit_seconds_count", labels)
+    assert commits is not None and 2 <= commits <= batches
