@@ -427,19 +427,25 @@ async def open_loop(target: Target, rate: float, seconds: float) -> Phase:
     phase = Phase()
     pool = target.pool(OPEN_LOOP_CONNECTIONS)
     try:
-        tasks = []
-        t0 = time.perf_counter()
-        for i in range(int(rate * seconds)):
-            scheduled = t0 + i / rate
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(_timed(target, pool, scheduled, phase)))
-        await asyncio.gather(*tasks)
-        phase.seconds = time.perf_counter() - t0
+        phase.seconds = await on_schedule(rate, seconds, lambda at: _timed(target, pool, at, phase))
     finally:
         await pool.close()
     return phase
+
+
+async def on_schedule(rate: float, seconds: float, start: Callable[[float], Awaitable[None]]) -> float:
+    """Call `start(scheduled time)` every 1/rate s for `seconds`, each as its own task; return the
+    seconds until all have ended."""
+    tasks = []
+    t0 = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        scheduled = t0 + i / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(start(scheduled)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - t0
 
 
 async def closed_loop(target: Target, workers: int, seconds: float) -> Phase:
@@ -487,18 +493,10 @@ async def broker_round_trips(bootstrap: str, topic: str, rate: float, seconds: f
         phase.latencies_s.append(time.perf_counter() - scheduled)
 
     try:
-        for measured in (False, True):  # a second of warm-up, then the measured run
-            phase.latencies_s.clear()
-            tasks = []
-            t0 = time.perf_counter()
-            for i in range(int(rate * (seconds if measured else 1.0))):
-                scheduled = t0 + i / rate
-                delay = scheduled - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(write(scheduled)))
-            await asyncio.gather(*tasks)
-            phase.seconds = time.perf_counter() - t0
+        await on_schedule(rate, 1.0, write)  # warm-up
+        phase.latencies_s.clear()
+        phase.errors.clear()
+        phase.seconds = await on_schedule(rate, seconds, write)
     finally:
         await log.stop()
         await producer.stop()
