@@ -116,6 +116,7 @@ def writer() -> None:
 
     from allmende.clickhouse import Database
     from allmende.kafka_topics import ensure_topics
+    from allmende.metrics_server import serve_metrics
     from services.ledger_store import LedgerStore
     from services.ledger_writer import LedgerWriter
 
@@ -123,6 +124,7 @@ def writer() -> None:
     db = Database(s.clickhouse_dsn, s.clickhouse_database)
     db.migrate()
     ensure_topics(s)
+    serve_metrics(s, "writer", s.writer_metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     # HTTP API.
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # Prometheus /metrics of meter workers and standalone writers (the API serves its own); 0: off.
+    metrics_host: str = "127.0.0.1"
+    meter_metrics_port: int = Field(default=9102, ge=0, le=65535)
+    writer_metrics_port: int = Field(default=9103, ge=0, le=65535)
 
     # Who may do what: admin tokens (comma-separated) may change budgets; `user:token` pairs are
     # project leads, who may read the balances of the projects (and groups) they lead.

@@ -6,6 +6,7 @@ import sys
 
 from allmende.kafka_topics import ensure_topics
 from allmende.logs import configure_logging
+from allmende.metrics_server import serve_metrics
 from allmende.settings import Settings
 from streams.app import create_app
 
@@ -16,6 +17,7 @@ def main() -> None:
     settings = Settings()
     configure_logging(settings)
     ensure_topics(settings)
+    serve_metrics(settings, "meter", settings.meter_metrics_port)
     app = create_app(settings)
     level = _FAUST_LEVELS.get(settings.log_level.upper(), "info")
     # faust's worker command reads its own argv; the banner and web server are not wanted.

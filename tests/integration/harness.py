@@ -39,14 +39,15 @@ def env_for(settings: Settings) -> dict[str, str]:
 class MeterWorker:
     """One `streams.worker` process, as `allmende worker` runs it."""
 
-    def __init__(self, settings: Settings, log_dir: Path, name: str = "meter") -> None:
+    def __init__(self, settings: Settings, log_dir: Path, name: str = "meter", metrics_port: int = 0) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
+        self.metrics_port = metrics_port  # 0: none (several workers of a test would share one)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streams.worker"],
             cwd=ROOT,
-            env=env_for(settings),
+            env={**env_for(settings), "ALLMENDE_METER_METRICS_PORT": str(metrics_port)},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -83,8 +84,8 @@ class Pipeline:
         self.logs = logs
         self.meters: list[MeterWorker] = []
 
-    def start_meter(self) -> MeterWorker:
-        worker = MeterWorker(self.settings, self.logs)
+    def start_meter(self, metrics_port: int = 0) -> MeterWorker:
+        worker = MeterWorker(self.settings, self.logs, metrics_port=metrics_port)
         self.meters.append(worker)
         worker.wait_ready()
         return worker

@@ -8,9 +8,12 @@ import signal
 import threading
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from allmende.kafka_local import free_port
 from allmende.replay import make_producer, publish, timeline
 from domain.metering import JobMeter
 from domain.traces import TraceFormat, TraceJob, job_events, read_trace
@@ -136,7 +139,7 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
         (job.job_id.encode(), orjson.dumps(contract_break)),
         (b"someone-else", encode_event(events[0])),  # key is not the job id
     ]
-    pipeline.start_meter()
+    worker = pipeline.start_meter(metrics_port=free_port())
     send_raw(settings, bad[:2])
     send_events(settings, events)
     send_raw(settings, bad[2:])
@@ -151,3 +154,17 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
     assert all(
         letter.stage == "meter" and letter.source_topic == settings.job_events_topic for letter in letters
     )
+    # The worker's own /metrics counts what it metered and what it refused.
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+
+    def counters() -> dict[str, float]:
+        families = text_string_to_metric_families(httpx.get(url, timeout=10).text)
+        return {
+            s.name: s.value
+            for f in families
+            for s in f.samples
+            if s.name.startswith("allmende_meter_") and s.name.endswith("_total")
+        }
+
+    wait_until(lambda: counters().get("allmende_meter_events_total", 0) >= len(events), 30, "metered count")
+    assert counters() == {"allmende_meter_events_total": len(events), "allmende_meter_dead_letters_total": 3}
