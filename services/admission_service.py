@@ -15,6 +15,7 @@ acknowledged by the broker: what was answered can be replayed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +72,13 @@ class AdmissionRefused(ValueError):
         self.status = status
 
 
+class AdmissionNotRecorded(RuntimeError):
+    """The admission log did not take an event (Kafka away): no answer; asking again is safe."""
+
+    def __init__(self, what: str, cause: BaseException, again: str) -> None:
+        super().__init__(f"{what} could not be recorded in the admission log ({cause!r}); {again}")
+
+
 class AdmissionService:
     def __init__(
         self,
@@ -88,6 +96,10 @@ class AdmissionService:
         self._producer: AIOKafkaProducer | None = None
         self._log: GroupCommit | None = None
         self._charges = ChargeRowsCache()
+        # Decided (in the state) but not yet acknowledged by the log, per job, oldest first; and
+        # the publish in flight for a job, which concurrent asks of that job share.
+        self._unrecorded: dict[str, list[AdmissionEvent]] = {}
+        self._sending: dict[str, asyncio.Future[None]] = {}
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
         self._jobs_lag = LagWatch()
@@ -234,7 +246,8 @@ class AdmissionService:
         )
 
     async def admit(self, request: JobRequest, actor: str, dry_run: bool = False) -> AdmissionDecided:
-        """Decide for one job; the same job id gets the same admit or reject again, not a second hold."""
+        """Decide for one job; the same job id gets the same admit or reject again, not a second
+        hold. Answered once the decision is in the admission log."""
         now = self.now()
         with self._lock:
             self.validate(request)
@@ -245,47 +258,95 @@ class AdmissionService:
                         409,
                         f"job {request.job_id} was decided with other parameters; a new job needs a new id",
                     )
-                return prior
-            started = time.perf_counter()
-            decision = decide(request, self.snapshot(request, now))
-            DECIDE_SECONDS.observe(time.perf_counter() - started)
-            attempt = prior.attempt + 1 if prior is not None else 1
-            decided = AdmissionDecided(
-                event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,
-                job_id=request.job_id, project=request.project, user=request.user, cluster=request.cluster,
-                gpu_type=request.gpu_type, gpus=request.gpus,
-                priority_class=request.priority_class,
-                interactive=request.interactive, requested_seconds=request.requested_seconds, attempt=attempt,
-                verdict=decision.verdict.value, lane=decision.lane.value if decision.lane else None,
-                reasons=tuple(ReasonRecord(code=r.code, message=r.message) for r in decision.reasons),
-                rate=decision.rate, expected_units=decision.expected_units,
-                available_before_units=decision.available_before_units,
-                available_after_units=decision.available_after_units,
-                fairshare_factor=decision.fairshare_factor,
-                preempt=tuple(_victim_record(v) for v in decision.preempt),
-            )  # fmt: skip
-            if dry_run:
-                return decided
-            events: list[AdmissionEvent] = [decided]
-            if decision.hold:
-                events.append(
-                    HoldPlaced(
-                        event_id=f"hold:{request.job_id}:{attempt}",
-                        occurred_at=now,
-                        actor=actor,
-                        job_id=request.job_id,
-                        project=request.project,
-                        allocations=decision.hold,
-                        expires_at=now + request.requested_seconds + self.settings.admission_start_deadline_s,
-                    )
+                answer = prior
+            else:
+                answer, events = self._decide(request, prior, now, actor)
+                if dry_run:
+                    return answer
+                for event in events:
+                    self.state.apply(event)
+                self._unrecorded.setdefault(request.job_id, []).extend(events)
+                DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
+        await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
+        return answer
+
+    def _decide(
+        self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str
+    ) -> tuple[AdmissionDecided, list[AdmissionEvent]]:
+        """The decision and the events that record it. Call with the lock held."""
+        started = time.perf_counter()
+        decision = decide(request, self.snapshot(request, now))
+        DECIDE_SECONDS.observe(time.perf_counter() - started)
+        attempt = prior.attempt + 1 if prior is not None else 1
+        decided = AdmissionDecided(
+            event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,
+            job_id=request.job_id, project=request.project, user=request.user, cluster=request.cluster,
+            gpu_type=request.gpu_type, gpus=request.gpus,
+            priority_class=request.priority_class,
+            interactive=request.interactive, requested_seconds=request.requested_seconds, attempt=attempt,
+            verdict=decision.verdict.value, lane=decision.lane.value if decision.lane else None,
+            reasons=tuple(ReasonRecord(code=r.code, message=r.message) for r in decision.reasons),
+            rate=decision.rate, expected_units=decision.expected_units,
+            available_before_units=decision.available_before_units,
+            available_after_units=decision.available_after_units,
+            fairshare_factor=decision.fairshare_factor,
+            preempt=tuple(_victim_record(v) for v in decision.preempt),
+        )  # fmt: skip
+        events: list[AdmissionEvent] = [decided]
+        if decision.hold:
+            events.append(
+                HoldPlaced(
+                    event_id=f"hold:{request.job_id}:{attempt}",
+                    occurred_at=now,
+                    actor=actor,
+                    job_id=request.job_id,
+                    project=request.project,
+                    allocations=decision.hold,
+                    expires_at=now + request.requested_seconds + self.settings.admission_start_deadline_s,
                 )
-            for event in events:
-                self.state.apply(event)
-        DECISIONS.labels(verdict=decided.verdict, lane=decided.lane or "").inc()
-        await self._publish(events)
-        return decided
+            )
+        return decided, events
+
+    async def _recorded(self, job_id: str) -> None:
+        """Return once the job's decided events are in the admission log, sending them if no one
+        is: what is answered can be replayed. If the log does not take them they stay in the
+        state (their GPUs and hold counted, as is safe) and the next ask for the job sends them
+        again (their event ids make a second copy harmless)."""
+        while job_id in self._unrecorded:
+            sending = self._sending.get(job_id)
+            if sending is None:
+                events = list(self._unrecorded[job_id])
+                sending = asyncio.ensure_future(self._publish(events))
+                self._sending[job_id] = sending
+                sending.add_done_callback(functools.partial(self._sent, job_id, events))
+            try:
+                await asyncio.shield(sending)
+            except Exception as exc:  # Kafka away, or the service stopping
+                raise AdmissionNotRecorded(
+                    f"the decision for job {job_id}", exc, "ask again with the same job id"
+                ) from exc
+
+    async def record_unrecorded(self) -> int:
+        """Send again what was decided but not acknowledged, whether or not its job is asked
+        again, so the log catches up with the state once Kafka is back; how many jobs are left."""
+        # All at once: they share group commits, and a broker that times out costs one timeout.
+        await asyncio.gather(*(self._recorded(job) for job in list(self._unrecorded)), return_exceptions=True)
+        return len(self._unrecorded)
+
+    def _sent(self, job_id: str, events: list[AdmissionEvent], done: asyncio.Future[None]) -> None:
+        self._sending.pop(job_id, None)
+        if done.cancelled() or done.exception() is not None:
+            return  # still unrecorded: the next ask sends them again
+        rest = self._unrecorded.get(job_id, [])[len(events) :]  # decided while these were in flight
+        if rest:
+            self._unrecorded[job_id] = rest
+        else:
+            self._unrecorded.pop(job_id, None)
 
     def decision(self, job_id: str) -> AdmissionDecided | None:
+        """The decision the admission log holds for the job (one still being recorded is not)."""
+        if job_id in self._unrecorded:
+            return None
         return self.state.decisions.get(job_id)
 
     def preemption_plan(self, cluster: str, gpus: int) -> tuple[tuple[Victim, ...], int]:
@@ -320,7 +381,10 @@ class AdmissionService:
             )  # fmt: skip
         with self._lock:
             self.state.apply(event)
-        await self._publish([event])
+        try:
+            await self._publish([event])
+        except Exception as exc:  # Kafka away: the report has no effect after a restart
+            raise AdmissionNotRecorded(f"the report on host {host}", exc, "report it again") from exc
         return event
 
     async def release_due(self, chunk: int = RELEASE_CHUNK) -> list[HoldReleased]:

@@ -54,10 +54,13 @@ async def _expire_periodically(service: AdminService, every_s: float) -> None:
 
 async def _release_periodically(service: AdmissionService, every_s: float = 0.25) -> None:
     """Release the holds of jobs that ended or never started; often, so releases come in small
-    batches instead of one burst that would stall the decisions waiting behind it."""
+    batches instead of one burst that would stall the decisions waiting behind it. Decisions the
+    log did not take (Kafka away) are sent again first."""
     while True:
         await asyncio.sleep(every_s)
         try:
+            if left := await service.record_unrecorded():
+                log.warning("admission_decisions_unrecorded", jobs=left)
             await service.release_due()
         except Exception as exc:  # Kafka away: the next round releases them
             log.warning("hold_release_failed", error=repr(exc))

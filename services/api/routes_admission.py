@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from domain.admission_model import JobRequest
 from schemas.admission_events import AdmissionDecided, ReasonRecord, VictimRecord
 from schemas.events import Identifier
-from services.admission_service import AdmissionRefused, AdmissionService
+from services.admission_service import AdmissionNotRecorded, AdmissionRefused, AdmissionService
 from services.api.admin_models import RejectionBody, units_to_hours
 from services.api.auth import Scheduler
 
@@ -112,7 +112,9 @@ def _json(answer: AdmissionResponse) -> Response:
     return Response(answer.__pydantic_serializer__.to_json(answer), media_type="application/json")
 
 
-def _refused(exc: AdmissionRefused) -> HTTPException:
+def _refused(exc: AdmissionRefused | AdmissionNotRecorded) -> HTTPException:
+    if isinstance(exc, AdmissionNotRecorded):  # Kafka away: no answer yet; the same call again is safe
+        return HTTPException(503, {"detail": str(exc), "code": "not-recorded"}, headers={"Retry-After": "1"})
     code = {404: "unknown", 409: "conflict"}.get(exc.status, "invalid")
     return HTTPException(exc.status, {"detail": str(exc), "code": code})
 
@@ -132,7 +134,7 @@ async def admission(
     service = _service(request)
     try:
         decided = await service.admit(body.job(), caller.name, dry_run=dry_run)
-    except AdmissionRefused as exc:
+    except (AdmissionRefused, AdmissionNotRecorded) as exc:
         raise _refused(exc) from None
     return _json(AdmissionResponse.of(decided))
 
@@ -181,6 +183,6 @@ async def host_health(body: HostHealthRequest, caller: Scheduler, request: Reque
         event = await _service(request).host_health(
             body.cluster, body.host, body.healthy, body.reason, caller.name
         )
-    except AdmissionRefused as exc:
+    except (AdmissionRefused, AdmissionNotRecorded) as exc:
         raise _refused(exc) from None
     return {"event_id": event.event_id, "type": event.type}

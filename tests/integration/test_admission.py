@@ -212,6 +212,41 @@ def test_a_rebuilt_service_answers_as_the_one_before_it(settings: Settings) -> N
         assert balance["allocations"][0]["held_units"] == 16 * 10 * 3600 * 10**6
 
 
+def test_a_decision_the_log_did_not_take_is_no_answer_and_is_recorded_once_kafka_is_back(
+    settings: Settings,
+) -> None:
+    asked, unasked = _job("k1", "vision", 8, hours=2), _job("k2", "vision", 4, hours=1)
+    with running_api(settings, TUESDAY_NOON) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        log = api.app.state.admission._log  # the group commit onto the admission log
+        api.portal.call(log.stop)  # from here on the log takes nothing, as with Kafka away
+        for body in (asked, unasked, asked):
+            refused = api.post("/v1/admission", json=body, headers=SCHEDULER)
+            assert refused.status_code == 503 and refused.json()["code"] == "not-recorded", refused.text
+            assert "ask again with the same job id" in refused.json()["detail"]
+            assert refused.headers["retry-after"] == "1"
+        assert api.get("/v1/admission/k1", headers=SCHEDULER).status_code == 404  # not recorded: not shown
+
+        async def kafka_back() -> None:
+            log.start()
+
+        api.portal.call(kafka_back)
+        answer = _ask(api, asked)  # asked again: the decision made before, now recorded
+        assert (answer["attempt"], answer["verdict"]) == (1, "admit")
+        # Not asked again: sent again in the background all the same.
+        later = wait_until(
+            lambda: (r := api.get("/v1/admission/k2", headers=SCHEDULER)).status_code == 200 and r.json(),
+            10, "the unasked decision to be recorded",
+        )  # fmt: skip
+        held = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))["allocations"][0]["held_units"]
+        assert held == (8 * 2 + 4 * 1) * 3600 * 10**6  # one hold each, however often asked
+    with running_api(settings, TUESDAY_NOON) as (api, _):  # rebuilt from the log alone
+        assert ok(api.get("/v1/admission/k1", headers=SCHEDULER)) == answer
+        assert ok(api.get("/v1/admission/k2", headers=SCHEDULER)) == later
+        balance = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
+        assert balance["allocations"][0]["held_units"] == held
+
+
 def test_usage_spends_the_hold_and_the_end_of_the_job_releases_the_rest(
     settings: Settings, tmp_path: Path
 ) -> None:
