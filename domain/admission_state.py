@@ -141,8 +141,11 @@ class AdmissionState:
 
     # -- folds --------------------------------------------------------------------------------
     def apply(self, event: AdmissionEvent) -> bool:
-        """Fold one admission event (each id once); False for a duplicate."""
+        """Fold one admission event (each id once); False for a duplicate, or for a release of
+        no hold, which stays unseen: a copy of it after the hold is the one that counts."""
         if event.event_id in self._seen:
+            return False
+        if isinstance(event, HoldReleased) and event.job_id not in self.holds:
             return False
         self._seen.add(event.event_id)
         match event:

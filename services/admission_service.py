@@ -15,7 +15,6 @@ acknowledged by the broker: what was answered can be replayed.
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +49,7 @@ from schemas.events import ContractError, parse_job_event
 from services.admin_log import AdminLog
 from services.fairshare_calculator import FairShareCalculator
 from services.group_commit import GroupCommit
+from services.pending_records import NotRecorded, PendingRecords
 
 log = structlog.get_logger(__name__)
 
@@ -96,10 +96,11 @@ class AdmissionService:
         self._producer: AIOKafkaProducer | None = None
         self._log: GroupCommit | None = None
         self._charges = ChargeRowsCache()
-        # Decided (in the state) but not yet acknowledged by the log, per job, oldest first; and
-        # the publish in flight for a job, which concurrent asks of that job share.
-        self._unrecorded: dict[str, list[AdmissionEvent]] = {}
-        self._sending: dict[str, asyncio.Future[None]] = {}
+        # Decided (in the state) but not yet acknowledged by the log, per job; and the recorded
+        # decision of a queued job decided again, shown until the new one is recorded.
+        self._pending: PendingRecords[AdmissionEvent] = PendingRecords(self._publish)
+        self._shown: dict[str, AdmissionDecided] = {}
+        self._release_retry: list[HoldReleased] = []  # releases the log did not take
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
         self._jobs_lag = LagWatch()
@@ -252,7 +253,8 @@ class AdmissionService:
         with self._lock:
             self.validate(request)
             prior = self.state.decisions.get(request.job_id)
-            if prior is not None and prior.verdict != "queue":
+            # Final, or not yet recorded: answered as decided (a queued job is decided again).
+            if prior is not None and (prior.verdict != "queue" or request.job_id in self._pending):
                 if _request_of(prior) != request:
                     raise AdmissionRefused(
                         409,
@@ -265,7 +267,9 @@ class AdmissionService:
                     return answer
                 for event in events:
                     self.state.apply(event)
-                self._unrecorded.setdefault(request.job_id, []).extend(events)
+                self._pending.add(request.job_id, events)
+                if prior is not None:
+                    self._shown[request.job_id] = prior
                 DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
         await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
         return answer
@@ -308,45 +312,29 @@ class AdmissionService:
         return decided, events
 
     async def _recorded(self, job_id: str) -> None:
-        """Return once the job's decided events are in the admission log, sending them if no one
-        is: what is answered can be replayed. If the log does not take them they stay in the
-        state (their GPUs and hold counted, as is safe) and the next ask for the job sends them
-        again (their event ids make a second copy harmless)."""
-        while job_id in self._unrecorded:
-            sending = self._sending.get(job_id)
-            if sending is None:
-                events = list(self._unrecorded[job_id])
-                sending = asyncio.ensure_future(self._publish(events))
-                self._sending[job_id] = sending
-                sending.add_done_callback(functools.partial(self._sent, job_id, events))
-            try:
-                await asyncio.shield(sending)
-            except Exception as exc:  # Kafka away, or the service stopping
-                raise AdmissionNotRecorded(
-                    f"the decision for job {job_id}", exc, "ask again with the same job id"
-                ) from exc
+        """Return once the job's decision is in the admission log (sending it if no one is). If
+        the log does not take it, it stays in the state (its GPUs and hold counted, which is
+        safe) and the next ask for the job, or `record_unrecorded`, sends it again."""
+        try:
+            await self._pending.recorded(job_id)
+        except NotRecorded as exc:
+            raise AdmissionNotRecorded(
+                f"the decision for job {job_id}", exc.__cause__ or exc, "ask again with the same job id"
+            ) from exc
+        self._shown.pop(job_id, None)
 
     async def record_unrecorded(self) -> int:
         """Send again what was decided but not acknowledged, whether or not its job is asked
         again, so the log catches up with the state once Kafka is back; how many jobs are left."""
-        # All at once: they share group commits, and a broker that times out costs one timeout.
-        await asyncio.gather(*(self._recorded(job) for job in list(self._unrecorded)), return_exceptions=True)
-        return len(self._unrecorded)
-
-    def _sent(self, job_id: str, events: list[AdmissionEvent], done: asyncio.Future[None]) -> None:
-        self._sending.pop(job_id, None)
-        if done.cancelled() or done.exception() is not None:
-            return  # still unrecorded: the next ask sends them again
-        rest = self._unrecorded.get(job_id, [])[len(events) :]  # decided while these were in flight
-        if rest:
-            self._unrecorded[job_id] = rest
-        else:
-            self._unrecorded.pop(job_id, None)
+        left = await self._pending.retry_all()
+        for job_id in [j for j in self._shown if j not in self._pending]:
+            del self._shown[job_id]
+        return left
 
     def decision(self, job_id: str) -> AdmissionDecided | None:
         """The decision the admission log holds for the job (one still being recorded is not)."""
-        if job_id in self._unrecorded:
-            return None
+        if job_id in self._pending:
+            return self._shown.get(job_id)
         return self.state.decisions.get(job_id)
 
     def preemption_plan(self, cluster: str, gpus: int) -> tuple[tuple[Victim, ...], int]:
@@ -391,12 +379,19 @@ class AdmissionService:
         """Release the holds of jobs that ended or never started: events, like everything else.
 
         In chunks, with the event loop free between them: a burst of releases (a wave of jobs
-        ending) must not hold up the decisions waiting behind it."""
+        ending) must not hold up the decisions waiting behind it. A hold the log does not hold
+        yet waits (its release must come after it there); releases the log did not take are
+        sent again next time (the state has them already)."""
         now = self.now()
         with self._lock:
-            due = self.state.releasable(now, self.settings.admission_start_deadline_s)
+            due = [
+                (job_id, reason)
+                for job_id, reason in self.state.releasable(now, self.settings.admission_start_deadline_s)
+                if job_id not in self._pending
+            ]
         released: list[HoldReleased] = []
-        sends = []
+        retry, self._release_retry = self._release_retry, []
+        sends = [(retry, asyncio.ensure_future(self._publish(retry)))] if retry else []
         for first in range(0, len(due), chunk):
             with self._lock:
                 events = [
@@ -412,9 +407,17 @@ class AdmissionService:
                 for event in events:
                     self.state.apply(event)
             released.extend(events)
-            sends.append(asyncio.ensure_future(self._publish(events)))
+            sends.append((events, asyncio.ensure_future(self._publish(events))))
             await asyncio.sleep(0)
-        await asyncio.gather(*sends)
+        failure: BaseException | None = None
+        for events, send in sends:
+            try:
+                await send
+            except Exception as exc:  # Kafka away: kept, and sent again next round
+                self._release_retry.extend(events)
+                failure = exc
+        if failure is not None:
+            raise failure
         return released
 
     def held_units(self, project: str) -> dict[str, int]:

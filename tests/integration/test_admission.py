@@ -216,11 +216,13 @@ def test_a_decision_the_log_did_not_take_is_no_answer_and_is_recorded_once_kafka
     settings: Settings,
 ) -> None:
     asked, unasked = _job("k1", "vision", 8, hours=2), _job("k2", "vision", 4, hours=1)
+    queued = _job("q1", "vision", 8)  # the cluster is full by then: a queue verdict
     with running_api(settings, TUESDAY_NOON) as (api, _):
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        _ask(api, _job("fill", "olmo-ft", 52, priority_class="non-preemptible"))
         log = api.app.state.admission._log  # the group commit onto the admission log
         api.portal.call(log.stop)  # from here on the log takes nothing, as with Kafka away
-        for body in (asked, unasked, asked):
+        for body in (asked, unasked, queued, asked, queued, queued):
             refused = api.post("/v1/admission", json=body, headers=SCHEDULER)
             assert refused.status_code == 503 and refused.json()["code"] == "not-recorded", refused.text
             assert "ask again with the same job id" in refused.json()["detail"]
@@ -233,6 +235,12 @@ def test_a_decision_the_log_did_not_take_is_no_answer_and_is_recorded_once_kafka
         api.portal.call(kafka_back)
         answer = _ask(api, asked)  # asked again: the decision made before, now recorded
         assert (answer["attempt"], answer["verdict"]) == (1, "admit")
+        # Asked three times while not recorded, the queued job was decided once.
+        queue = wait_until(
+            lambda: (r := api.get("/v1/admission/q1", headers=SCHEDULER)).status_code == 200 and r.json(),
+            10, "the queued decision to be recorded",
+        )  # fmt: skip
+        assert (queue["attempt"], queue["verdict"]) == (1, "queue")
         # Not asked again: sent again in the background all the same.
         later = wait_until(
             lambda: (r := api.get("/v1/admission/k2", headers=SCHEDULER)).status_code == 200 and r.json(),

@@ -96,6 +96,13 @@ def test_usage_spends_a_hold_in_the_order_it_was_placed() -> None:
     assert state.held({"a": 30}) == {}
 
 
+def test_a_release_ahead_of_its_hold_in_the_log_counts_only_in_its_copy_after_the_hold() -> None:
+    state = AdmissionState.of([decided("a"), released("a"), hold("a", ("x", 10))])
+    assert state.held({}) == {"x": 10}  # the early copy released nothing
+    assert state.apply(released("a")) and state.held({}) == {}
+    assert not state.apply(released("a"))  # from then on, a duplicate
+
+
 def test_holds_are_counted_per_project() -> None:
     state = AdmissionState.of([hold("a", ("x", 10)), hold("b", ("y", 5), project="other")])
     assert state.held({}, "p") == {"x": 10} and state.held({}, "other") == {"y": 5}

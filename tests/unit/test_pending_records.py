@@ -1,0 +1,142 @@
+"""Events recorded once the log takes them: one send per key however many ask, a failure kept for
+the next ask, and no ask left waiting on a send that has finished."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import pytest
+
+from services.pending_records import NotRecorded, PendingRecords
+
+
+class Log:
+    """The admission log as the records see it: each publish waits until the test answers it."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+        self.answers: list[asyncio.Future[None]] = []
+
+    async def publish(self, events: Sequence[str]) -> None:
+        self.sent.append(list(events))
+        answer = asyncio.get_running_loop().create_future()
+        self.answers.append(answer)
+        await answer
+
+    async def sends(self, count: int) -> None:
+        while len(self.answers) < count:
+            await asyncio.sleep(0)
+
+
+def run(scenario: Coroutine[Any, Any, None]) -> None:
+    """Run it; a hang fails after 5 s, even one that spins without yielding to the event loop."""
+
+    def hung(signum: int, frame: object) -> None:
+        raise TimeoutError("the scenario hung")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        asyncio.run(scenario)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_concurrent_asks_share_one_send_and_return_once_it_is_acknowledged() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending: PendingRecords[str] = PendingRecords(log.publish)
+        pending.add("job", ["decision", "hold"])
+        asks = [asyncio.ensure_future(pending.recorded("job")) for _ in range(5)]
+        await log.sends(1)
+        await asyncio.sleep(0)
+        assert not any(a.done() for a in asks) and "job" in pending
+        log.answers[0].set_result(None)
+        await asyncio.gather(*asks)
+        assert log.sent == [["decision", "hold"]] and "job" not in pending and len(pending) == 0
+
+    run(scenario())
+
+
+def test_a_send_the_log_refused_fails_every_ask_and_the_next_ask_sends_again() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending: PendingRecords[str] = PendingRecords(log.publish)
+        pending.add("job", ["decision"])
+        asks = [asyncio.ensure_future(pending.recorded("job")) for _ in range(3)]
+        await log.sends(1)
+        log.answers[0].set_exception(ConnectionError("broker away"))
+        outcomes = await asyncio.gather(*asks, return_exceptions=True)
+        assert all(isinstance(o, NotRecorded) and isinstance(o.__cause__, ConnectionError) for o in outcomes)
+        assert "job" in pending  # kept: the state has it
+        again = asyncio.ensure_future(pending.recorded("job"))
+        await log.sends(2)
+        log.answers[1].set_result(None)
+        await again
+        assert log.sent == [["decision"], ["decision"]] and "job" not in pending
+
+    run(scenario())
+
+
+def test_asks_that_come_just_as_a_send_finishes_do_not_wait_forever() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending: PendingRecords[str] = PendingRecords(log.publish)
+        pending.add("job", ["decision"])
+        first = asyncio.ensure_future(pending.recorded("job"))
+        await log.sends(1)
+        log.answers[0].set_result(None)
+        # The periodic retry and other asks land in the turns right after the acknowledgement.
+        late = []
+        for _ in range(5):
+            late.append(asyncio.ensure_future(pending.retry_all()))
+            late.append(asyncio.ensure_future(pending.recorded("job")))
+            await asyncio.sleep(0)
+        await asyncio.gather(first, *late)
+        assert log.sent == [["decision"]]
+
+    run(scenario())
+
+
+def test_a_caller_that_goes_away_does_not_stop_the_send() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending: PendingRecords[str] = PendingRecords(log.publish)
+        pending.add("job", ["decision"])
+        gone, stays = (asyncio.ensure_future(pending.recorded("job")) for _ in range(2))
+        await log.sends(1)
+        gone.cancel()
+        await asyncio.sleep(0)
+        log.answers[0].set_result(None)
+        await stays
+        assert gone.cancelled() and "job" not in pending
+
+    run(scenario())
+
+
+def test_retry_all_sends_every_key_and_says_how_many_are_left() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending: PendingRecords[str] = PendingRecords(log.publish)
+        for key in ("a", "b", "c"):
+            pending.add(key, [key])
+        retry = asyncio.ensure_future(pending.retry_all())
+        await log.sends(3)
+        for answer, ok in zip(log.answers, (True, False, True), strict=True):
+            answer.set_result(None) if ok else answer.set_exception(TimeoutError())
+        assert (
+            await retry == 1 and "b" in pending and sorted(e for s in log.sent for e in s) == ["a", "b", "c"]
+        )
+
+    run(scenario())
+
+
+def test_one_batch_per_key_at_a_time() -> None:
+    pending: PendingRecords[str] = PendingRecords(Log().publish)
+    pending.add("job", ["decision"])
+    with pytest.raises(ValueError, match="pending already"):
+        pending.add("job", ["another"])
