@@ -31,6 +31,13 @@ class Log:
             await asyncio.sleep(0)
 
 
+def pending_on(log: Log, **events: list[str]) -> PendingRecords[str]:
+    pending: PendingRecords[str] = PendingRecords(log.publish)
+    for key, batch in events.items():
+        pending.add(key, batch)
+    return pending
+
+
 def run(scenario: Coroutine[Any, Any, None]) -> None:
     """Run it; a hang fails after 5 s, even one that spins without yielding to the event loop."""
 
@@ -49,8 +56,7 @@ def run(scenario: Coroutine[Any, Any, None]) -> None:
 def test_concurrent_asks_share_one_send_and_return_once_it_is_acknowledged() -> None:
     async def scenario() -> None:
         log = Log()
-        pending: PendingRecords[str] = PendingRecords(log.publish)
-        pending.add("job", ["decision", "hold"])
+        pending = pending_on(log, job=["decision", "hold"])
         asks = [asyncio.ensure_future(pending.recorded("job")) for _ in range(5)]
         await log.sends(1)
         await asyncio.sleep(0)
@@ -65,8 +71,7 @@ def test_concurrent_asks_share_one_send_and_return_once_it_is_acknowledged() -> 
 def test_a_send_the_log_refused_fails_every_ask_and_the_next_ask_sends_again() -> None:
     async def scenario() -> None:
         log = Log()
-        pending: PendingRecords[str] = PendingRecords(log.publish)
-        pending.add("job", ["decision"])
+        pending = pending_on(log, job=["decision"])
         asks = [asyncio.ensure_future(pending.recorded("job")) for _ in range(3)]
         await log.sends(1)
         log.answers[0].set_exception(ConnectionError("broker away"))
@@ -85,8 +90,7 @@ def test_a_send_the_log_refused_fails_every_ask_and_the_next_ask_sends_again() -
 def test_asks_that_come_just_as_a_send_finishes_do_not_wait_forever() -> None:
     async def scenario() -> None:
         log = Log()
-        pending: PendingRecords[str] = PendingRecords(log.publish)
-        pending.add("job", ["decision"])
+        pending = pending_on(log, job=["decision"])
         first = asyncio.ensure_future(pending.recorded("job"))
         await log.sends(1)
         log.answers[0].set_result(None)
@@ -105,8 +109,7 @@ def test_asks_that_come_just_as_a_send_finishes_do_not_wait_forever() -> None:
 def test_a_caller_that_goes_away_does_not_stop_the_send() -> None:
     async def scenario() -> None:
         log = Log()
-        pending: PendingRecords[str] = PendingRecords(log.publish)
-        pending.add("job", ["decision"])
+        pending = pending_on(log, job=["decision"])
         gone, stays = (asyncio.ensure_future(pending.recorded("job")) for _ in range(2))
         await log.sends(1)
         gone.cancel()
@@ -121,9 +124,7 @@ def test_a_caller_that_goes_away_does_not_stop_the_send() -> None:
 def test_retry_all_sends_every_key_and_says_how_many_are_left() -> None:
     async def scenario() -> None:
         log = Log()
-        pending: PendingRecords[str] = PendingRecords(log.publish)
-        for key in ("a", "b", "c"):
-            pending.add(key, [key])
+        pending = pending_on(log, a=["a"], b=["b"], c=["c"])
         retry = asyncio.ensure_future(pending.retry_all())
         await log.sends(3)
         for answer, ok in zip(log.answers, (True, False, True), strict=True):
@@ -136,7 +137,6 @@ def test_retry_all_sends_every_key_and_says_how_many_are_left() -> None:
 
 
 def test_one_batch_per_key_at_a_time() -> None:
-    pending: PendingRecords[str] = PendingRecords(Log().publish)
-    pending.add("job", ["decision"])
+    pending = pending_on(Log(), job=["decision"])
     with pytest.raises(ValueError, match="pending already"):
         pending.add("job", ["another"])
