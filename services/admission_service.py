@@ -98,7 +98,7 @@ class AdmissionService:
         self._charges = ChargeRowsCache()
         # Decided (in the state) but not yet acknowledged by the log, per job; and the recorded
         # decision of a queued job decided again, shown until the new one is recorded.
-        self._pending: PendingRecords[AdmissionEvent] = PendingRecords(self._publish)
+        self._pending: PendingRecords[AdmissionEvent] = PendingRecords(self._submit)
         self._shown: dict[str, AdmissionDecided] = {}
         self._release_retry: list[HoldReleased] = []  # releases the log did not take
         self._stop = threading.Event()
@@ -189,10 +189,14 @@ class AdmissionService:
             finally:
                 consumer.close(autocommit=False)
 
-    async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
+    def _submit(self, events: Sequence[AdmissionEvent]) -> asyncio.Future[None]:
+        """Queue events for the admission log now; the future is done once it has them."""
         if self._log is None:
             raise RuntimeError("the admission service has not started")
-        await self._log.publish([(e.key.encode(), encode_admission_event(e)) for e in events])
+        return self._log.submit([(e.key.encode(), encode_admission_event(e)) for e in events])
+
+    async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
+        await asyncio.shield(self._submit(events))
 
     # -- deciding ------------------------------------------------------------------------------
     def validate(self, request: JobRequest) -> None:

@@ -72,8 +72,10 @@ class GroupCommit:
             await self._task
         self._task = None
 
-    async def publish(self, records: Sequence[Record]) -> None:
-        """Return once `records` are acknowledged, in this order; raise if they were not."""
+    def submit(self, records: Sequence[Record]) -> asyncio.Future[None]:
+        """Queue `records` now (requests decided in this turn of the loop share a commit); the
+        future is done once they are acknowledged, in this order, or failed. Await it shielded:
+        cancelling it would not take the records back."""
         if self._task is None:
             raise RuntimeError("the group commit has not started")
         for key, value in records:
@@ -83,8 +85,12 @@ class GroupCommit:
         future.add_done_callback(_retrieved)
         self._queue.append((records, future))
         self._wake.set()
+        return future
+
+    async def publish(self, records: Sequence[Record]) -> None:
+        """Return once `records` are acknowledged, in this order; raise if they were not."""
         # Shielded: a caller that goes away (a dropped connection) must not cancel the batch.
-        await asyncio.shield(future)
+        await asyncio.shield(self.submit(records))
 
     async def _run(self) -> None:
         while True:

@@ -3,14 +3,15 @@
 A decision is answered only once the admission log holds it: what was answered can be replayed.
 If the log does not take the events (Kafka away), they stay here. Asking for the job again, or
 `retry_all`, sends them again under the same event ids, so a second copy in the log is harmless.
-Concurrent asks for one job share one send. A send finishes its bookkeeping before it counts as
-done, so no ask can find a finished send still pending and wait on it forever.
+Concurrent asks for one job share one send. Sends are queued at once (`submit`), not in a task
+of their own, so the requests decided in one turn of the event loop share a group commit.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
@@ -21,10 +22,11 @@ class NotRecorded(RuntimeError):
 
 
 class PendingRecords(Generic[E]):
-    def __init__(self, publish: Callable[[Sequence[E]], Awaitable[None]]) -> None:
-        self._publish = publish
+    def __init__(self, submit: Callable[[Sequence[E]], asyncio.Future[None]]) -> None:
+        """`submit` queues events for the log; its future is done once they are acknowledged."""
+        self._submit = submit
         self._events: dict[str, list[E]] = {}
-        self._sending: dict[str, asyncio.Task[None]] = {}
+        self._sending: dict[str, asyncio.Future[None]] = {}
 
     def __contains__(self, key: object) -> bool:
         return key in self._events
@@ -45,8 +47,17 @@ class PendingRecords(Generic[E]):
         while (events := self._events.get(key)) is not None:
             sending = self._sending.get(key)
             if sending is None:
-                sending = asyncio.ensure_future(self._send(key, events))
+                try:
+                    sending = self._submit(events)
+                except Exception as exc:  # not even queued (the log is stopped)
+                    raise NotRecorded(str(exc)) from exc
                 self._sending[key] = sending
+                sending.add_done_callback(functools.partial(self._settle, key, events))
+            elif sending.done():
+                # Finished, but its callback has not run yet: settle now, then look again (a
+                # failed send is sent again: this is a new ask). Never wait on a finished send.
+                self._settle(key, events, sending)
+                continue
             try:
                 # Shielded: a caller that goes away (a dropped connection) must not stop the send.
                 await asyncio.shield(sending)
@@ -56,6 +67,7 @@ class PendingRecords(Generic[E]):
                 raise NotRecorded("the send was cancelled (the service is stopping)") from None
             except Exception as exc:
                 raise NotRecorded(str(exc)) from exc
+            self._settle(key, events, sending)
 
     async def retry_all(self) -> int:
         """Send everything pending (whether or not anyone asks); how many keys are left."""
@@ -63,10 +75,9 @@ class PendingRecords(Generic[E]):
         await asyncio.gather(*(self.recorded(key) for key in list(self._events)), return_exceptions=True)
         return len(self._events)
 
-    async def _send(self, key: str, events: list[E]) -> None:
-        try:
-            await self._publish(events)
-        finally:
-            self._sending.pop(key, None)  # failed or not: the next ask may send again
-        if self._events.get(key) is events:
+    def _settle(self, key: str, events: list[E], sent: asyncio.Future[None]) -> None:
+        """Bookkeeping of a finished send; idempotent (its callback and an ask may both call it)."""
+        if self._sending.get(key) is sent:
+            del self._sending[key]
+        if not sent.cancelled() and sent.exception() is None and self._events.get(key) is events:
             del self._events[key]

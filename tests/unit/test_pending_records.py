@@ -14,17 +14,18 @@ from services.pending_records import NotRecorded, PendingRecords
 
 
 class Log:
-    """The admission log as the records see it: each publish waits until the test answers it."""
+    """The admission log as the records see it: each send is acknowledged when the test says."""
 
     def __init__(self) -> None:
         self.sent: list[list[str]] = []
         self.answers: list[asyncio.Future[None]] = []
 
-    async def publish(self, events: Sequence[str]) -> None:
+    def submit(self, events: Sequence[str]) -> asyncio.Future[None]:
         self.sent.append(list(events))
         answer = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen by someone
         self.answers.append(answer)
-        await answer
+        return answer
 
     async def sends(self, count: int) -> None:
         while len(self.answers) < count:
@@ -32,7 +33,7 @@ class Log:
 
 
 def pending_on(log: Log, **events: list[str]) -> PendingRecords[str]:
-    pending: PendingRecords[str] = PendingRecords(log.publish)
+    pending: PendingRecords[str] = PendingRecords(log.submit)
     for key, batch in events.items():
         pending.add(key, batch)
     return pending
@@ -140,3 +141,17 @@ def test_one_batch_per_key_at_a_time() -> None:
     pending = pending_on(Log(), job=["decision"])
     with pytest.raises(ValueError, match="pending already"):
         pending.add("job", ["another"])
+
+
+def test_a_log_that_takes_nothing_fails_the_ask_and_keeps_the_events() -> None:
+    def stopped(events: Sequence[str]) -> asyncio.Future[None]:
+        raise RuntimeError("the group commit has not started")
+
+    async def scenario() -> None:
+        pending: PendingRecords[str] = PendingRecords(stopped)
+        pending.add("job", ["decision"])
+        with pytest.raises(NotRecorded, match="not started"):
+            await pending.recorded("job")
+        assert "job" in pending and await pending.retry_all() == 1
+
+    run(scenario())
