@@ -329,7 +329,8 @@ class AdmissionService:
 
     async def record_unrecorded(self) -> int:
         """Send again what was decided but not acknowledged, whether or not its job is asked
-        again, so the log catches up with the state once Kafka is back; how many jobs are left."""
+        again, so the log catches up with the state once Kafka is back; how many the log still
+        did not take."""
         left = await self._pending.retry_all()
         for job_id in [j for j in self._shown if j not in self._pending]:
             del self._shown[job_id]

@@ -70,10 +70,13 @@ class PendingRecords(Generic[E]):
             self._settle(key, events, sending)
 
     async def retry_all(self) -> int:
-        """Send everything pending (whether or not anyone asks); how many keys are left."""
+        """Send everything pending (whether or not anyone asks); how many keys the log did not
+        take (keys added meanwhile, in flight as usual, do not count)."""
         # All at once: they share group commits, and a broker that times out costs one timeout.
-        await asyncio.gather(*(self.recorded(key) for key in list(self._events)), return_exceptions=True)
-        return len(self._events)
+        outcomes = await asyncio.gather(
+            *(self.recorded(key) for key in list(self._events)), return_exceptions=True
+        )
+        return sum(isinstance(outcome, NotRecorded) for outcome in outcomes)
 
     def _settle(self, key: str, events: list[E], sent: asyncio.Future[None]) -> None:
         """Bookkeeping of a finished send; idempotent (its callback and an ask may both call it)."""

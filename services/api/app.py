@@ -59,8 +59,8 @@ async def _release_periodically(service: AdmissionService, every_s: float = 0.25
     while True:
         await asyncio.sleep(every_s)
         try:
-            if left := await service.record_unrecorded():
-                log.warning("admission_decisions_unrecorded", jobs=left)
+            if failed := await service.record_unrecorded():
+                log.warning("admission_decisions_unrecorded", jobs=failed)
             await service.release_due()
         except Exception as exc:  # Kafka away: the next round releases them
             log.warning("hold_release_failed", error=repr(exc))

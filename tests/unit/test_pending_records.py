@@ -122,7 +122,7 @@ def test_a_caller_that_goes_away_does_not_stop_the_send() -> None:
     run(scenario())
 
 
-def test_retry_all_sends_every_key_and_says_how_many_are_left() -> None:
+def test_retry_all_sends_every_key_and_counts_what_the_log_did_not_take() -> None:
     async def scenario() -> None:
         log = Log()
         pending = pending_on(log, a=["a"], b=["b"], c=["c"])
