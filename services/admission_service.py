@@ -265,6 +265,8 @@ class AdmissionService:
                         f"job {request.job_id} was decided with other parameters; a new job needs a new id",
                     )
                 answer = prior
+                if dry_run:
+                    return answer  # what would happen: this, without waiting for the log
             else:
                 answer, events = self._decide(request, prior, now, actor)
                 if dry_run:
@@ -372,12 +374,12 @@ class AdmissionService:
                 event_id=f"host:{cluster}/{host}:bad:{time.time_ns()}", occurred_at=now, actor=actor,
                 cluster=cluster, host=host, reason=reason,
             )  # fmt: skip
-        with self._lock:
-            self.state.apply(event)
         try:
             await self._publish([event])
-        except Exception as exc:  # Kafka away: the report has no effect after a restart
+        except Exception as exc:  # Kafka away: no effect, here or after a restart
             raise AdmissionNotRecorded(f"the report on host {host}", exc, "report it again") from exc
+        with self._lock:  # in effect once the log has it, as it will be after a restart
+            self.state.apply(event)
         return event
 
     async def release_due(self, chunk: int = RELEASE_CHUNK) -> list[HoldReleased]:

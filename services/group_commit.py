@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -41,6 +41,54 @@ COMMIT_CALLERS = Histogram(
 )
 
 
+Group = list[tuple[Sequence[Record], asyncio.Future[None]]]  # each caller's records, and its future
+
+
+def fill_batches(
+    create_batch: Callable[[], BatchBuilder], group: Group
+) -> list[tuple[BatchBuilder, list[asyncio.Future[None]]]]:
+    """The group's records in as few batches as fit, in order, each with the callers in it.
+
+    A caller's records never straddle two batches unless they are more than one batch holds:
+    one batch may be acknowledged while the next fails, and a decision recorded without its
+    hold would replay as an admit that holds nothing."""
+    batches: list[tuple[BatchBuilder, list[asyncio.Future[None]]]] = []
+    batch, inside, callers = create_batch(), list[Record](), list[asyncio.Future[None]]()
+    for records, future in group:
+        taken = 0
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                break
+            taken += 1
+        if taken == len(records):
+            inside.extend(records)
+            callers.append(future)
+            continue
+        if inside:  # full before this caller's last record: the batch goes without any of it
+            if taken:
+                batch = create_batch()
+                for key, value in inside:
+                    batch.append(key=key, value=value, timestamp=None)
+            batches.append((batch, callers))
+            batch, inside, callers, taken = create_batch(), [], [], 0
+        for key, value in records[taken:]:  # from an empty batch, which takes any first record
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                batches.append((batch, [*callers, future]))  # more than one batch holds: split
+                batch, inside, callers = create_batch(), [], []
+                batch.append(key=key, value=value, timestamp=None)
+            inside.append((key, value))
+        callers.append(future)
+    if callers:
+        batches.append((batch, callers))
+    return batches
+
+
+def _fail(group: Group, exc: BaseException) -> None:
+    for _, future in group:
+        if not future.done():
+            future.set_exception(exc)
+
+
 def _retrieved(future: asyncio.Future[None]) -> None:
     """Mark a failure as seen: the caller may have gone away and would never read it."""
     if not future.cancelled():
@@ -52,7 +100,8 @@ class GroupCommit:
         self._producer = producer
         self._topic = topic
         self._partition = partition
-        self._queue: list[tuple[Sequence[Record], asyncio.Future[None]]] = []
+        self._queue: Group = []
+        self._inflight: Group = []  # the group being committed
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0  # sent, for tests and metrics
@@ -71,6 +120,9 @@ class GroupCommit:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        # Whoever waits on what was in flight or still queued hears it, instead of waiting forever.
+        left, self._inflight, self._queue = self._inflight + self._queue, [], []
+        _fail(left, RuntimeError("the group commit stopped before the broker acknowledged"))
 
     def submit(self, records: Sequence[Record]) -> asyncio.Future[None]:
         """Queue `records` now (requests decided in this turn of the loop share a commit); the
@@ -98,25 +150,18 @@ class GroupCommit:
             self._wake.clear()
             while self._queue:
                 group, self._queue = self._queue, []
-                await self._commit(group)
+                self._inflight = group
+                try:
+                    await self._commit(group)
+                except Exception as exc:  # a bug, not the broker: fail the group, keep committing
+                    _fail(group, exc)
+                self._inflight = []
 
-    async def _commit(self, group: list[tuple[Sequence[Record], asyncio.Future[None]]]) -> None:
+    async def _commit(self, group: Group) -> None:
         """Send the group in as few batches as fit; each caller hears of the batches its records
         are in (one failed batch fails only the callers with records in it)."""
         started = time.perf_counter()
-        batches: list[tuple[BatchBuilder, list[asyncio.Future[None]]]] = []
-        batch = self._producer.create_batch()
-        callers: list[asyncio.Future[None]] = []
-        for records, future in group:
-            for key, value in records:
-                if batch.append(key=key, value=value, timestamp=None) is None:
-                    batches.append((batch, callers))  # full: this record starts the next
-                    batch, callers = self._producer.create_batch(), []
-                    batch.append(key=key, value=value, timestamp=None)  # the first always fits
-                if not callers or callers[-1] is not future:
-                    callers.append(future)
-        if batch.record_count():
-            batches.append((batch, callers))
+        batches = fill_batches(self._producer.create_batch, group)
         failed: dict[int, BaseException] = {}
         acks = []
         for batch, callers in batches:

@@ -42,9 +42,11 @@ class PendingRecords(Generic[E]):
         self._events[key] = events
 
     async def recorded(self, key: str) -> None:
-        """Return once nothing of `key` is pending, sending its events if no one is; raise
-        `NotRecorded` if the log did not take them (they stay pending)."""
-        while (events := self._events.get(key)) is not None:
+        """Return once the events of `key` pending now are recorded, sending them if no one is
+        (events added later are not waited for); raise `NotRecorded` if the log did not take
+        them (they stay pending)."""
+        events = self._events.get(key)
+        while events is not None and self._events.get(key) is events:
             sending = self._sending.get(key)
             if sending is None:
                 try:

@@ -84,3 +84,26 @@ def test_concurrent_callers_share_batches_and_each_sees_its_records_once_in_orde
     assert REGISTRY.get_sample_value("allmende_group_commit_callers_sum", labels) == CALLERS
     commits = REGISTRY.get_sample_value("allmende_group_commit_seconds_count", labels)
     assert commits is not None and 2 <= commits <= batches
+
+
+async def _stop_mid_commit(settings: Settings) -> list[BaseException | None]:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    await producer.start()
+    log = GroupCommit(producer, settings.admission_topic)
+    log.start()
+    try:
+        futures = [log.submit([(b"job", b"x" * 500)]) for _ in range(50)]
+        await asyncio.sleep(0)  # the commit takes the group
+        futures += [log.submit([(b"job", b"late")]) for _ in range(5)]  # still queued
+        await log.stop(timeout_s=0)
+        assert all(f.done() for f in futures)  # nobody is left waiting
+        return [f.exception() for f in futures]
+    finally:
+        await producer.stop()
+
+
+def test_stopping_tells_every_caller_whether_its_records_were_acknowledged(settings: Settings) -> None:
+    ensure_topics(settings)
+    outcomes = asyncio.run(_stop_mid_commit(settings))
+    assert all(o is None or "stopped before the broker acknowledged" in str(o) for o in outcomes)
+    assert any(o is not None for o in outcomes)  # the queued ones at least

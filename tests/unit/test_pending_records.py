@@ -39,6 +39,14 @@ def pending_on(log: Log, **events: list[str]) -> PendingRecords[str]:
     return pending
 
 
+async def acknowledged_ask(log: Log, pending: PendingRecords[str]) -> asyncio.Future[None]:
+    """An ask for "job" whose send the log has just acknowledged; the ask has not resumed yet."""
+    ask = asyncio.ensure_future(pending.recorded("job"))
+    await log.sends(len(log.answers) + 1)
+    log.answers[-1].set_result(None)
+    return ask
+
+
 def run(scenario: Coroutine[Any, Any, None]) -> None:
     """Run it; a hang fails after 5 s, even one that spins without yielding to the event loop."""
 
@@ -92,9 +100,7 @@ def test_asks_that_come_just_as_a_send_finishes_do_not_wait_forever() -> None:
     async def scenario() -> None:
         log = Log()
         pending = pending_on(log, job=["decision"])
-        first = asyncio.ensure_future(pending.recorded("job"))
-        await log.sends(1)
-        log.answers[0].set_result(None)
+        first = await acknowledged_ask(log, pending)
         # The periodic retry and other asks land in the turns right after the acknowledgement.
         late = []
         for _ in range(5):
@@ -153,5 +159,18 @@ def test_a_log_that_takes_nothing_fails_the_ask_and_keeps_the_events() -> None:
         with pytest.raises(NotRecorded, match="not started"):
             await pending.recorded("job")
         assert "job" in pending and await pending.retry_all() == 1
+
+    run(scenario())
+
+
+def test_an_ask_waits_for_its_own_events_not_for_those_decided_after_them() -> None:
+    async def scenario() -> None:
+        log = Log()
+        pending = pending_on(log, job=["queued, attempt 1"])
+        first = await acknowledged_ask(log, pending)
+        await asyncio.sleep(0)  # recorded; the ask has not resumed yet
+        pending.add("job", ["attempt 2"])  # the job asked again meanwhile
+        await first
+        assert log.sent == [["queued, attempt 1"]] and "job" in pending
 
     run(scenario())
