@@ -11,12 +11,14 @@ import pytest
 
 from allmende.settings import Settings
 from domain.allocations import UNITS_PER_GPU_HOUR
+from schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased, parse_admission_event
 from schemas.events import JobEvent, JobStarted, JobSubmitted
 from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, live_api, ok, plan_text, running_api
-from tests.integration.harness import MeterWorker, send_events, wait_until
+from tests.integration.harness import MeterWorker, read_topic, send_events, wait_until
 from tests.integration.test_budgets import _run
 
 pytestmark = pytest.mark.integration
+AdmissionEventsOfJob = (AdmissionDecided, HoldPlaced, HoldReleased)
 
 Q1 = 1_798_761_600  # 2027-01-01T00:00:00Z
 MONDAY_NIGHT = 1_799_708_400  # Monday 2027-01-11 23:00 UTC, midnight in Berlin: the nightly window
@@ -253,6 +255,40 @@ def test_a_decision_the_log_did_not_take_is_no_answer_and_is_recorded_once_kafka
         assert ok(api.get("/v1/admission/k2", headers=SCHEDULER)) == later
         balance = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
         assert balance["allocations"][0]["held_units"] == held
+
+
+def test_while_kafka_is_away_a_host_report_has_no_effect_and_a_release_is_sent_again_later(
+    settings: Settings,
+) -> None:
+    def held(api: Any) -> int:
+        balance = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
+        return int(balance["allocations"][0]["held_units"])
+
+    with running_api(settings, TUESDAY_NOON) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        _ask(api, _job("r1", "vision", 8))  # recorded: its decision and hold
+        service = api.app.state.admission
+        log = service._log  # the group commit onto the admission log
+        api.portal.call(log.stop)  # from here on the log takes nothing, as with Kafka away
+        report = {"cluster": "h100-a", "host": "h7", "healthy": False, "reason": "ECC errors"}
+        refused = api.post("/v1/hosts/health", json=report, headers=SCHEDULER)
+        assert refused.status_code == 503 and refused.json()["code"] == "not-recorded"
+        assert service.state.unhealthy_hosts("h100-a") == frozenset()  # no effect here either
+        # r1 never starts: past its start deadline the hold goes, in the state at once ...
+        clock.now = TUESDAY_NOON + 2 * 3600
+        wait_until(lambda: held(api) == 0, 10, "the hold to be released")
+        assert service._release_retry  # ... and in the log only once Kafka is back
+
+        async def kafka_back() -> None:
+            log.start()
+
+        api.portal.call(kafka_back)
+        wait_until(lambda: not service._release_retry, 10, "the release to be sent again")
+    recorded = [parse_admission_event(v) for v in read_topic(settings, settings.admission_topic, 3)]
+    assert [(e.type, e.job_id) for e in recorded if isinstance(e, AdmissionEventsOfJob)] == [
+        ("AdmissionDecided", "r1"), ("HoldPlaced", "r1"), ("HoldReleased", "r1"),
+    ]  # fmt: skip
+    assert len(recorded) == 3  # and no host report
 
 
 def test_usage_spends_the_hold_and_the_end_of_the_job_releases_the_rest(
