@@ -33,6 +33,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # The admission service's own log: decisions, holds, host health; it rebuilds from it.
         TopicSpec(settings.admission_topic, 1, keep_forever),
         TopicSpec(settings.dead_letter_topic, 1, keep_forever),
+        # Burn warnings, once per crossing; the alerter rebuilds what it has sent from it.
+        TopicSpec(settings.alerts_topic, 1, keep_forever),
         # The latest fair-share row per node: compacted, so a reader gets the current tree.
         TopicSpec(settings.fairshare_topic, 1, {"cleanup.policy": "compact"}),
     ]

@@ -73,6 +73,18 @@ class Settings(BaseSettings):
     interactive_max_gpus_per_user: int = Field(default=8, ge=0)
     interactive_max_hours: int = Field(default=8, ge=0)
 
+    # Squatting: a job whose GPU utilisation stays under this share for longer than the grace
+    # period is flagged, with what it has cost so far (domain/squatting.py).
+    squat_max_utilization: float = Field(default=0.05, ge=0.0, le=1.0)
+    squat_grace_s: int = Field(default=1800, ge=0)
+
+    # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
+    # and a POST of a Slack-compatible body to each webhook URL (comma-separated).
+    burn_warning_days_early: int = Field(default=7, ge=0)  # trailing-7-day forecast runs out this early
+    burn_warning_budget_shares: str = "0.8,1.0"  # shares of the budget whose passing warns
+    alert_webhook_urls: str = ""
+    alert_check_s: float = Field(default=60.0, gt=0)
+
     log_level: str = "INFO"
     log_json: bool = True
 
@@ -102,6 +114,10 @@ class Settings(BaseSettings):
     @property
     def fairshare_topic(self) -> str:
         return self.topic("fairshare")
+
+    @property
+    def alerts_topic(self) -> str:
+        return self.topic("alerts")
 
     @property
     def dead_letter_topic(self) -> str:
