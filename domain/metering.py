@@ -48,8 +48,10 @@ SAMPLE, PREEMPT, FINISH, START = 0, 1, 2, 3
 _ENDS = (PREEMPT, FINISH)
 _GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the submitted GPU count
 
-# A boundary is [time, rank, hash24, event_id, gpus]; lists so that bisect compares keys.
+# A boundary is [time, rank, hash24, event_id, gpus, utilization_bp]; lists so that bisect
+# compares keys. State written before utilisation was kept has 5 elements (read as busy).
 Boundary = list[Any]
+BUSY_BP = 10_000  # utilisation of a span without a reading
 
 
 class MeteringRejected(ValueError):
@@ -64,15 +66,28 @@ def entry_id_for(job_id: str, boundary_event_id: str) -> str:
     return hashlib.blake2b(f"{job_id}\x1f{boundary_event_id}".encode(), digest_size=16).hexdigest()
 
 
-def _boundary(time: int, rank: int, event_id: str, gpus: int) -> Boundary:
-    return [time, rank, _hash24(event_id), event_id, gpus]
+def _boundary(time: int, rank: int, event_id: str, gpus: int, utilization_bp: int = BUSY_BP) -> Boundary:
+    return [time, rank, _hash24(event_id), event_id, gpus, utilization_bp]
+
+
+def utilization_bp(utilization: float) -> int:
+    """A reading's utilisation in basis points: an integer, so idle time is exact downstream."""
+    return min(BUSY_BP, max(0, round(utilization * BUSY_BP)))
 
 
 def _boundaries_of(event: JobEvent) -> list[Boundary]:
     if isinstance(event, JobStarted):
         return [_boundary(event.occurred_at, START, event.event_id, event.gpus)]
     if isinstance(event, JobUsageSample):
-        return [_boundary(event.occurred_at, SAMPLE, event.event_id, event.gpus_in_use)]
+        return [
+            _boundary(
+                event.occurred_at,
+                SAMPLE,
+                event.event_id,
+                event.gpus_in_use,
+                utilization_bp(event.gpu_utilization),
+            )
+        ]
     if isinstance(event, JobPreempted | JobFinished):
         rank = PREEMPT if isinstance(event, JobPreempted) else FINISH
         found = [_boundary(event.occurred_at, rank, event.event_id, 0)]
@@ -102,7 +117,8 @@ class JobMeter:
     @classmethod
     def from_bytes(cls, raw: bytes) -> JobMeter:
         data = orjson.loads(raw)
-        return cls(job_id=data["j"], submitted=data["s"], boundaries=data["b"])
+        boundaries = [b if len(b) == 6 else [*b, BUSY_BP] for b in data["b"]]
+        return cls(job_id=data["j"], submitted=data["s"], boundaries=boundaries)
 
     # -- commands -----------------------------------------------------------------------------
     def apply(self, event: JobEvent) -> list[LedgerEntry]:
@@ -158,8 +174,9 @@ class JobMeter:
 
     def _entry(self, index: int) -> LedgerEntry:
         boundary = self.boundaries[index]
-        time, rank, _, event_id, gpus = boundary
+        time, rank, _, event_id, gpus = boundary[:5]
         attributed = 1 if self.submitted else 0
+        busy = BUSY_BP
         if index == 0:
             start, charged, pred_key, pred_event_id = time, 0, 0, ""
         else:
@@ -169,9 +186,11 @@ class JobMeter:
             if pred[1] in _ENDS or rank == START:
                 charged = 0
             elif rank == SAMPLE:
-                charged = int(gpus)
+                charged, busy = int(gpus), _utilization_of(boundary)
             else:
+                # A run's end charges the GPUs in force at the last reading, at its utilisation.
                 charged = self._gpus_at(pred)
+                busy = _utilization_of(pred) if pred[1] == SAMPLE else BUSY_BP
         sub = self.submitted or {}
         return LedgerEntry(
             entry_id=entry_id_for(self.job_id, event_id),
@@ -188,7 +207,16 @@ class JobMeter:
             priority_class=sub.get("priority_class", UNATTRIBUTED),
             interactive=bool(sub.get("interactive", False)),
             source_event_id=event_id,
+            utilization_bp=busy if charged else BUSY_BP,
         )
 
     def gpu_seconds(self) -> int:
         return sum(e.gpu_seconds for e in self.entries())
+
+    def idle_units(self) -> int:
+        """Idle GPU-seconds x 10,000 over the job's entries (see `postings.idle_units`)."""
+        return sum(e.gpu_seconds * (BUSY_BP - e.utilization_bp) for e in self.entries())
+
+
+def _utilization_of(boundary: Boundary) -> int:
+    return int(boundary[5]) if len(boundary) > 5 else BUSY_BP

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from domain.charging import ChargedSpan, PolicyTimeline, flat_policy
+from domain.squatting import FULL_BP
 from schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 SECONDS_PER_DAY = 86_400
@@ -42,6 +43,14 @@ class Posting:
     rate: int = 0  # charge units per GPU-second under `policy_id`
     charge_units: int = 0  # signed, = gpu_seconds * rate
     policy_id: str = ""
+    utilization_bp: int = FULL_BP  # of the entry: what its usage sample read
+    idle_units: int = 0  # signed, = gpu_seconds * (10,000 - utilization_bp): idle GPU-seconds x 10^4
+
+
+def idle_units(gpu_seconds: int, utilization_bp: int) -> int:
+    """Idle GPU-seconds in units of 1/10,000: GPU-seconds x (1 - utilisation), exact for any piece
+    because the utilisation is an integer in basis points (a float share would not sum exactly)."""
+    return gpu_seconds * (FULL_BP - utilization_bp)
 
 
 def pieces(start: int, end: int, size: int) -> list[tuple[int, int, int]]:
@@ -93,6 +102,8 @@ def _usage_rows(entry: LedgerEntry, kind: PostingKind, timeline: PolicyTimeline)
             rate=span.charge_units // span.gpu_seconds if span.gpu_seconds else 0,
             charge_units=sign * span.charge_units,
             policy_id=span.policy_id,
+            utilization_bp=entry.utilization_bp,
+            idle_units=sign * idle_units(span.gpu_seconds, entry.utilization_bp),
         )
         for day, span in priced_pieces(entry, timeline)
     ]

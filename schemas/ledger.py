@@ -36,6 +36,10 @@ class LedgerEntry:
     interactive: bool
     source_event_id: str
     pred_event_id: str = ""  # the boundary the span starts at; breaks ties between versions
+    # GPU utilisation over the span in basis points (10,000 = fully busy), from the usage sample
+    # that closes it (or, for a span a run's end closes, the sample before it); 10,000 where no
+    # reading exists: nobody is counted idle without evidence.
+    utilization_bp: int = 10_000
 
     def revision_key(self) -> tuple[int, str]:
         """Later revisions of an entry have larger keys; the ledger keeps the largest."""
@@ -48,7 +52,12 @@ class LedgerEntry:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LedgerEntry:
         entry = cls(**data)
-        if entry.interval_end < entry.interval_start or entry.gpus < 0 or entry.version < 0:
+        if (
+            entry.interval_end < entry.interval_start
+            or entry.gpus < 0
+            or entry.version < 0
+            or not 0 <= entry.utilization_bp <= 10_000
+        ):
             raise ValueError(f"ledger entry {entry.entry_id} is not well-formed")
         return entry
 

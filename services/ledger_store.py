@@ -35,9 +35,17 @@ _POSTING_COLUMNS = (
     "interactive",
     "source_event_id",
     "pred_event_id",
+    "utilization_bp",
+    "idle_units",
 )
 _EPOCH = dt.date(1970, 1, 1)
 _USAGE_DIMENSIONS = {"user", "cluster", "gpu_type", "priority_class"}
+# The projections the materialized views keep, and the key columns each sums by (in table order).
+_PROJECTIONS = {
+    "usage_daily": "project, day, user, cluster, gpu_type, priority_class, interactive",
+    "job_pieces": "project, job_id, piece_start, piece_end, entry_id, interval_end, utilization_bp,"
+    " user, cluster, gpu_type, priority_class, interactive",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,8 @@ class LedgerStore:
                 e.interactive,
                 e.source_event_id,
                 e.pred_event_id,
+                p.utilization_bp,
+                p.idle_units,
             )
             for p in postings
             for e in (p.entry,)
@@ -137,34 +147,41 @@ class LedgerStore:
         )
 
     def reconcile(self) -> Reconciliation:
-        """Check the daily projection against the postings; rebuild it when they differ.
+        """Check the projections (`usage_daily`, `job_pieces`) against the postings; rebuild them
+        when they differ.
 
         A materialized view is fed by inserts only: if the process died between a postings part
-        and its view part, only a rebuild from the postings restores the projection.
+        and a view's part, or a migration made a projection anew, only a rebuild restores it.
         """
-        p_sum, p_charge, p_count, p_distinct = self.db.rows(
-            "SELECT sum(gpu_seconds), sum(charge_units), count(), uniqExact(posting_id)"
+        p_sum, p_charge, p_idle, p_count, p_distinct = self.db.rows(
+            "SELECT sum(gpu_seconds), sum(charge_units), sum(idle_units), count(), uniqExact(posting_id)"
             " FROM {db}.ledger_postings WHERE kind != 'revision'"
         )[0]
-        v_sum, v_charge, v_count = self.db.rows(
-            "SELECT sum(gpu_seconds), sum(charge_units), sum(postings) FROM {db}.usage_daily"
-        )[0]
-        rebuilt = False
-        if (int(p_sum), int(p_charge), int(p_count)) != (int(v_sum), int(v_charge), int(v_count)):
+        want = (int(p_sum), int(p_charge), int(p_idle), int(p_count))
+        seen = {
+            table: tuple(
+                int(v)
+                for v in self.db.rows(
+                    "SELECT sum(gpu_seconds), sum(charge_units), sum(idle_units), sum(postings)"
+                    f" FROM {{db}}.{table}"
+                )[0]
+            )
+            for table in _PROJECTIONS
+        }
+        rebuilt = any(totals != want for totals in seen.values())
+        if rebuilt:
             self.rebuild_projections()
-            rebuilt = True
-        return Reconciliation(
-            int(p_sum), int(p_count), int(v_sum), int(v_count), int(p_count) - int(p_distinct), rebuilt
-        )
+        daily = seen["usage_daily"]
+        return Reconciliation(want[0], want[3], daily[0], daily[3], want[3] - int(p_distinct), rebuilt)
 
     def rebuild_projections(self) -> None:
-        self.db.command("TRUNCATE TABLE {db}.usage_daily")
-        self.db.command(
-            "INSERT INTO {db}.usage_daily SELECT project, day, user, cluster, gpu_type,"
-            " priority_class, interactive, sum(gpu_seconds), sum(charge_units), count()"
-            " FROM {db}.ledger_postings WHERE kind != 'revision'"
-            " GROUP BY project, day, user, cluster, gpu_type, priority_class, interactive"
-        )
+        for table, columns in _PROJECTIONS.items():
+            self.db.command(f"TRUNCATE TABLE {{db}}.{table}")
+            self.db.command(
+                f"INSERT INTO {{db}}.{table} SELECT {columns}, sum(gpu_seconds), sum(charge_units),"
+                f" sum(idle_units), count() FROM {{db}}.ledger_postings WHERE kind != 'revision'"
+                f" GROUP BY {columns}"
+            )
 
     def charge_horizon(self) -> int:
         """The latest instant of charged usage (0 for an empty ledger): policies start after it."""
@@ -228,8 +245,8 @@ class LedgerStore:
             "   greatest(0, least(piece_end, {e:Array(Int64)}[seg])"
             "     - greatest(piece_start, {s:Array(Int64)}[seg])) AS ov,"
             "   charge_units, gpu_seconds, piece_start, piece_end, cluster, gpu_type"
-            "   FROM {db}.ledger_postings"
-            "   WHERE project = {p:String} AND kind != 'revision' AND interval_end <= {at:Int64}"
+            "   FROM {db}.job_pieces"  # ordered by project: a balance reads its project alone
+            "   WHERE project = {p:String} AND interval_end <= {at:Int64}"
             "     AND piece_end > {lo:Int64} AND piece_start < {hi:Int64})"
             " WHERE ov > 0 GROUP BY seg, cluster, gpu_type ORDER BY seg, cluster, gpu_type",
             {"p": project, "s": starts, "e": ends, "at": as_of, "lo": min(starts), "hi": max(ends)},
@@ -242,8 +259,8 @@ class LedgerStore:
     def project_charges(self, project: str, as_of: int) -> tuple[int, int]:
         """(charge units, GPU-seconds) of every entry of the project closed by `as_of`."""
         units, secs = self.db.rows(
-            "SELECT sum(charge_units), sum(gpu_seconds) FROM {db}.ledger_postings"
-            " WHERE project = {p:String} AND kind != 'revision' AND interval_end <= {at:Int64}",
+            "SELECT sum(charge_units), sum(gpu_seconds) FROM {db}.job_pieces"
+            " WHERE project = {p:String} AND interval_end <= {at:Int64}",
             {"p": project, "at": as_of},
         )[0]
         return int(units), int(secs)
