@@ -15,7 +15,7 @@ from rich.table import Table
 
 from allmende import procs
 from allmende.api_client import api_url as _api_url
-from allmende.api_client import local_admin_token, local_admin_token_file
+from allmende.api_client import call, local_admin_token, local_admin_token_file, token_for
 from allmende.cli_admission import host_app, preempt
 from allmende.cli_budget import apply as budget_apply
 from allmende.cli_budget import balance as budget_balance
@@ -200,15 +200,7 @@ def usage(
     """GPU-hours of a project per day and in total (asks the API: ALLMENDE_API_URL)."""
     s = Settings()
     params = {k: v for k, v in {"from": from_, "to": to, "group_by": group_by}.items() if v}
-    try:
-        response = httpx.get(f"{_api_url(s)}/v1/projects/{project}/usage", params=params, timeout=30)
-    except httpx.HTTPError as exc:
-        console.print(f"[red]cannot reach the API at {_api_url(s)}: {exc}[/red]")
-        raise typer.Exit(2) from None
-    if response.status_code != 200:
-        console.print(f"[red]{response.status_code}: {response.json().get('detail', response.text)}[/red]")
-        raise typer.Exit(1)
-    body = response.json()
+    body = call(s, "GET", f"/v1/projects/{project}/usage", params=params)
     if as_json:
         print(json.dumps(body, indent=2))
     else:
@@ -227,6 +219,11 @@ def usage(
 
         usage_chart(body, plot)
         console.print(f"chart written to {plot}")
+
+
+def _auth_headers(s: Settings) -> dict[str, str]:
+    token = token_for(s)
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _wait_http(url: str, timeout: float) -> None:
@@ -293,7 +290,7 @@ def demo(
     total = -1
     with console.status("waiting for the ledger to catch up"):
         while time.monotonic() < deadline:
-            r = httpx.get(f"{_api_url(s)}/v1/projects/{project}/usage", timeout=30)
+            r = httpx.get(f"{_api_url(s)}/v1/projects/{project}/usage", headers=_auth_headers(s), timeout=30)
             total = r.json().get("total_gpu_seconds", -1) if r.status_code == 200 else -1
             if total == expected:
                 break

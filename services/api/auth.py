@@ -1,8 +1,10 @@
-"""Bearer tokens: admins change budgets; project leads read their own projects' balances.
+"""Tokens: admins change budgets; project leads read their own projects; the scheduler asks.
 
-Tokens come from the environment (`ALLMENDE_ADMIN_TOKENS`, `ALLMENDE_LEAD_TOKENS`), each a
-comma-separated list of `name:token`; the name is the actor recorded on every event the token's
-holder causes. Tokens are compared in constant time.
+Tokens come from the environment (`ALLMENDE_ADMIN_TOKENS`, `ALLMENDE_LEAD_TOKENS`,
+`ALLMENDE_SCHEDULER_TOKENS`), each a comma-separated list of `name:token`; the name is the actor
+recorded on every event the token's holder causes. Tokens are compared in constant time. A
+token travels as `Authorization: Bearer <token>` or, for the browser pages, in the HttpOnly,
+SameSite=Strict session cookie the sign-in form sets (never in a URL).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from allmende.settings import Settings
 
 Role = Literal["admin", "lead", "scheduler"]
-_bearer = HTTPBearer(auto_error=False, description="an admin or project-lead token")
+_bearer = HTTPBearer(auto_error=False, description="an admin, project-lead or scheduler token")
+SESSION_COOKIE = "allmende_session"  # the browser pages' token (HttpOnly, SameSite=Strict)
 
 
 @dataclass(frozen=True)
@@ -54,13 +57,29 @@ class TokenBook:
         return found
 
 
+def _token_of(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    if credentials is not None:
+        return credentials.credentials
+    return request.cookies.get(SESSION_COOKIE) or None
+
+
+def principal_of(request: Request) -> Principal | None:
+    """Who sent the request (bearer header first, then the session cookie); None if nobody known."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    token = token or request.cookies.get(SESSION_COOKIE, "")
+    book: TokenBook = request.app.state.tokens
+    return book.who(token) if token else None
+
+
 def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
-    if credentials is None:
+    token = _token_of(request, credentials)
+    if token is None:
         raise HTTPException(
             401, "send a token: Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
         )
     book: TokenBook = request.app.state.tokens
-    principal = book.who(credentials.credentials)
+    principal = book.who(token)
     if principal is None:
         raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
     return principal
@@ -72,6 +91,15 @@ async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     return _who(request, credentials)
+
+
+async def _reader(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    principal = _who(request, credentials)
+    if principal.role not in ("admin", "lead"):
+        raise HTTPException(403, f"{principal.name} is neither an admin nor a project lead")
+    return principal
 
 
 async def _admin(
@@ -93,5 +121,6 @@ async def _scheduler(
 
 
 Caller = Annotated[Principal, Depends(_principal)]
+Reader = Annotated[Principal, Depends(_reader)]  # admins and project leads: the read routes
 Scheduler = Annotated[Principal, Depends(_scheduler)]
 Admin = Annotated[Principal, Depends(_admin)]

@@ -8,23 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 
-from domain.admin_state import AdminState
+from services.api.access import require_project
 from services.api.admin_models import BalanceOut, EventOut, RejectionBody
-from services.api.auth import Caller, Principal
+from services.api.auth import Reader
 from services.api.deps import Admins
 from services.api.routes_usage import ProjectName
 
 router = APIRouter(prefix="/v1", tags=["balances"])
 ERRORS: dict[int | str, dict[str, object]] = {code: {"model": RejectionBody} for code in (401, 403, 404, 422)}
-
-
-def _may_read(state: AdminState, caller: Principal, project: str, has_usage: bool = False) -> None:
-    declared = project in state.nodes and state.nodes[project].kind == "project"
-    # Usage of an undeclared project is over budget, not lost: admins see it as such.
-    if not declared and not (has_usage and caller.role == "admin"):
-        raise HTTPException(404, f"no project {project!r}")
-    if caller.role != "admin" and caller.name not in state.leads_of(project):
-        raise HTTPException(403, f"{caller.name} does not lead {project} (nor a group above it)")
 
 
 @router.get(
@@ -35,7 +26,7 @@ def _may_read(state: AdminState, caller: Principal, project: str, has_usage: boo
 )
 async def balance(
     project: ProjectName,
-    caller: Caller,
+    caller: Reader,
     service: Admins,
     as_of: Annotated[
         dt.datetime | None,
@@ -52,7 +43,7 @@ async def balance(
 
     def read() -> BalanceOut:
         state = service.state()
-        _may_read(state, caller, project, has_usage=service.store.project_days(project) is not None)
+        require_project(state, caller, project, has_usage=service.store.project_days(project) is not None)
         return BalanceOut.of(service.balance(project, at, state), period)
 
     return await run_in_threadpool(read)
@@ -64,10 +55,10 @@ async def balance(
     responses=ERRORS,
     summary="The audit trail: every admin event that touched the project, oldest first",
 )
-async def history(project: ProjectName, caller: Caller, service: Admins) -> list[EventOut]:
+async def history(project: ProjectName, caller: Reader, service: Admins) -> list[EventOut]:
     def read() -> list[EventOut]:
         state = service.state()
-        _may_read(state, caller, project)
+        require_project(state, caller, project)
         return [EventOut.of(e) for e in state.history_of(project)]
 
     return await run_in_threadpool(read)

@@ -8,9 +8,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
-from services.api.deps import Store
+from services.admin_service import AdminService
+from services.api.access import readable_projects, require_project
+from services.api.auth import Principal, Reader
+from services.api.deps import Admins, Store
 from services.api.models import ErrorBody, ProjectUsage, UsageDay, gpu_hours
-from services.ledger_store import LedgerStore
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 
@@ -19,9 +21,16 @@ ProjectName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za
 
 
 def _usage(
-    store: LedgerStore, project: str, first: dt.date | None, last: dt.date | None, group_by: str | None
+    service: AdminService,
+    caller: Principal,
+    project: str,
+    first: dt.date | None,
+    last: dt.date | None,
+    group_by: str | None,
 ) -> ProjectUsage:
+    store = service.store
     span = store.project_days(project)
+    require_project(service.state(), caller, project, has_usage=span is not None)
     if span is None:
         raise HTTPException(404, f"no usage has been recorded for project {project!r}")
     first = first or span[0]
@@ -50,11 +59,12 @@ def _usage(
 @router.get(
     "/projects/{project}/usage",
     response_model=ProjectUsage,
-    responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
-    summary="GPU-hours of a project per UTC day and in total",
+    responses={code: {"model": ErrorBody} for code in (401, 403, 404, 422)},
+    summary="GPU-hours of a project per UTC day and in total (admins, and the project's leads)",
 )
 async def project_usage(
-    store: Store,
+    caller: Reader,
+    service: Admins,
     project: ProjectName,
     from_: Annotated[dt.date | None, Query(alias="from", description="first day (UTC), inclusive")] = None,
     to: Annotated[dt.date | None, Query(description="last day (UTC), inclusive")] = None,
@@ -63,9 +73,19 @@ async def project_usage(
         Query(description="split each day by this dimension: who or what burns the hours"),
     ] = None,
 ) -> ProjectUsage:
-    return await run_in_threadpool(_usage, store, project, from_, to, group_by)
+    return await run_in_threadpool(_usage, service, caller, project, from_, to, group_by)
 
 
-@router.get("/projects", response_model=list[str], summary="Projects that have recorded usage")
-async def projects(store: Store) -> list[str]:
-    return await run_in_threadpool(store.projects)
+@router.get(
+    "/projects",
+    response_model=list[str],
+    responses={code: {"model": ErrorBody} for code in (401, 403)},
+    summary="Projects that have recorded usage and the caller may read",
+)
+async def projects(caller: Reader, service: Admins, store: Store) -> list[str]:
+    def read() -> list[str]:
+        with_usage = store.projects()
+        readable = set(readable_projects(service.state(), caller, with_usage))
+        return [p for p in with_usage if p in readable]
+
+    return await run_in_threadpool(read)

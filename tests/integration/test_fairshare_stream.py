@@ -26,7 +26,7 @@ def _fast(settings: Settings, algorithm: str = "fair_tree") -> Settings:
 
 def _settled(api: Any, as_of: int) -> dict[str, Any]:
     def ready() -> dict[str, Any] | None:
-        response = api.get("/v1/fairshare")
+        response = api.get("/v1/fairshare", headers=ADMIN)
         if response.status_code != 200:
             return None
         body: dict[str, Any] = response.json()

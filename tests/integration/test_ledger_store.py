@@ -16,6 +16,7 @@ from schemas.ledger import encode_entries
 from services.api.app import create_app
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
+from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, with_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -104,9 +105,9 @@ def test_the_usage_api_reports_gpu_hours_per_day_and_in_total(settings: Settings
     writer = LedgerWriter(settings, store)
     writer.post_batch(_records(_job_entries("job-c", "olmo", 8, 30, user="ada")), lambda _: None)
     writer.post_batch(_records(_job_entries("job-d", "olmo", 2, 5, user="bob")), lambda _: None)
-    api_settings = settings.model_copy(update={"writer_enabled": False})
+    api_settings = with_tokens(settings.model_copy(update={"writer_enabled": False}))
 
-    with TestClient(create_app(api_settings)) as client:
+    with TestClient(create_app(api_settings), headers=ADMIN) as client:
         body = client.get("/v1/projects/olmo/usage").json()
         by_user = client.get("/v1/projects/olmo/usage", params={"group_by": "user"}).json()
         one_day = client.get(
@@ -115,6 +116,12 @@ def test_the_usage_api_reports_gpu_hours_per_day_and_in_total(settings: Settings
         missing = client.get("/v1/projects/nobody/usage")
         backwards = client.get("/v1/projects/olmo/usage", params={"from": "2026-01-05", "to": "2026-01-01"})
         bad_group = client.get("/v1/projects/olmo/usage", params={"group_by": "colour"})
+        listed = client.get("/v1/projects").json()
+        # Usage is private: no token, a lead of another project, the scheduler are all refused.
+        anonymous = client.get("/v1/projects/olmo/usage", headers={"Authorization": ""})
+        lead = client.get("/v1/projects/olmo/usage", params={"group_by": "user"}, headers=ALICE)
+        lead_list = client.get("/v1/projects", headers=ALICE).json()
+        scheduler = client.get("/v1/projects", headers=SCHEDULER)
         health = client.get("/healthz")
         docs = client.get("/openapi.json")
 
@@ -129,6 +136,10 @@ def test_the_usage_api_reports_gpu_hours_per_day_and_in_total(settings: Settings
     }
     assert one_day["total_gpu_seconds"] == 8 * 6 * 3600
     assert missing.status_code == 404 and "nobody" in missing.json()["detail"]
+    assert listed == ["olmo"] and lead_list == []
+    assert anonymous.status_code == 401 and "token" in anonymous.json()["detail"]
+    assert lead.status_code == 404 and "olmo" in lead.json()["detail"]  # not declared: nobody leads it
+    assert scheduler.status_code == 403
     assert backwards.status_code == 422 and "before" in backwards.json()["detail"]
     assert bad_group.status_code == 422
     assert health.status_code == 200 and health.json()["writer"] == "disabled"
