@@ -64,11 +64,12 @@ class LagWatch:
         self._checked_at = 0.0
 
     def check(
-        self, consumer: KafkaConsumer, partitions: Sequence[TopicPartition]
+        self, consumer: KafkaConsumer, partitions: Sequence[TopicPartition], force: bool = False
     ) -> dict[TopicPartition, int] | None:
-        """Records behind per partition, or None when it was checked less than `every_s` ago."""
+        """Records behind per partition, or None when it was checked less than `every_s` ago
+        (unless forced)."""
         now = time.monotonic()
-        if now - self._checked_at < self.every_s or not partitions:
+        if (now - self._checked_at < self.every_s and not force) or not partitions:
             return None
         self._checked_at = now
         behind = {

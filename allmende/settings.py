@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     fairshare_half_life_s: int = Field(default=7 * 86_400, ge=0)
     fairshare_reset: Literal["none", "quarterly"] = "none"
     fairshare_publish_s: float = Field(default=10.0, gt=0)
+    # How long the API waits at start for the ledger replay behind admission before serving.
+    startup_replay_timeout_s: float = Field(default=120.0, ge=0)
 
     # Admission: an admitted job that has not started by then frees its GPUs and its hold.
     admission_enabled: bool = True

@@ -28,8 +28,8 @@ from prometheus_client import Counter, Histogram
 from allmende.kafka_reading import LagWatch, read_to_end, replaying_consumer
 from allmende.settings import Settings
 from domain.admission import decide
-from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, Victim
-from domain.admission_state import AdmissionState
+from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, RunningJob, Victim
+from domain.admission_state import AdmissionState, JobSeen
 from domain.budget_view import ChargeRowsCache, budget_lines
 from domain.preemption import Reach, plan_victims
 from domain.timeslices import active_at
@@ -235,7 +235,6 @@ class AdmissionService:
         for agreement in agreements:
             guarantees[agreement.project] = guarantees.get(agreement.project, 0) + agreement.gpus
         policy = self.admin_log.timeline().in_force(now)
-        latest = self.calculator.latest
         return AdmissionSnapshot(
             now=now,
             cluster_gpus=cluster.gpus,
@@ -245,7 +244,7 @@ class AdmissionService:
             guaranteed_gpus=guarantees.get(request.project, 0),
             protected_projects=frozenset(guarantees),
             guarantees=guarantees,
-            fairshare=latest.factors if latest is not None else {},
+            fairshare=self.calculator.current_factors(),
             unhealthy_hosts=self.state.unhealthy_hosts(request.cluster),
             limits=InteractiveLimits(s.interactive_max_gpus_per_user, s.interactive_max_hours * 3600),
         )
@@ -280,10 +279,18 @@ class AdmissionService:
         await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
         return answer
 
+    def _require_ready(self) -> None:
+        if not self.calculator.ready.is_set():
+            raise AdmissionRefused(
+                503,
+                "the usage behind budgets and fair share is still being replayed from the ledger; ask again",
+            )
+
     def _decide(
         self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str
     ) -> tuple[AdmissionDecided, list[AdmissionEvent]]:
         """The decision and the events that record it. Call with the lock held."""
+        self._require_ready()
         started = time.perf_counter()
         decision = decide(request, self.snapshot(request, now))
         DECIDE_SECONDS.observe(time.perf_counter() - started)
@@ -348,12 +355,13 @@ class AdmissionService:
         admin = self.admin_log.state
         if cluster not in admin.clusters:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
+        self._require_ready()
         now = self.now()
-        latest = self.calculator.latest
+        factors = self.calculator.current_factors()
         with self._lock:  # the load is a live view
             load = self.state.load_on(cluster, now, self.settings.admission_start_deadline_s)
             return plan_victims(
-                load.jobs, gpus, now=now, fairshare=latest.factors if latest else {},
+                load.jobs, gpus, now=now, fairshare=factors,
                 unhealthy_hosts=self.state.unhealthy_hosts(cluster), reach=Reach.STANDARD,
             )  # fmt: skip
 
@@ -426,6 +434,35 @@ class AdmissionService:
         if failure is not None:
             raise failure
         return released
+
+    # -- the dashboards' reads (a copy under the lock: the state changes beside them) ---------
+    def running_jobs(self, project: str) -> list[tuple[str, RunningJob]]:
+        """(cluster, job) of the project's jobs that hold GPUs: running, or admitted and due to start."""
+        with self._lock:
+            return sorted(
+                ((cluster, job) for cluster, load in self.state.live.items() for job in load.jobs
+                 if job.project == project),
+                key=lambda cj: (cj[1].since, cj[1].job_id),
+            )  # fmt: skip
+
+    def job_holds(self, project: str) -> list[tuple[str, int, int]]:
+        """(job id, units still held, expiry) of the project's active holds, largest first."""
+        with self._lock, self.calculator.lock:
+            charged = self.calculator.usage.jobs
+            found = [
+                (job_id, sum(hold.remaining(charged.get(job_id, 0)).values()), hold.expires_at)
+                for job_id, hold in self.state.active_holds.get(project, {}).items()
+            ]
+        return sorted(found, key=lambda h: (-h[1], h[0]))
+
+    def preemptions(self, project: str) -> list[tuple[JobSeen, int, str]]:
+        """(job, at, reason) of every preemption the project's jobs suffered, oldest first."""
+        with self._lock:
+            jobs = [self.state.jobs[j] for j in self.state.preempted if j in self.state.jobs]
+            found = [
+                (job, at, reason) for job in jobs if job.project == project for at, reason in job.preemptions
+            ]
+        return sorted(found, key=lambda p: (p[1], p[0].job_id))
 
     def held_units(self, project: str) -> dict[str, int]:
         """Units held per allocation of the project now: the balance's `held` column."""

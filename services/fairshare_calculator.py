@@ -18,7 +18,7 @@ import functools
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import structlog
@@ -53,6 +53,8 @@ class Snapshot:
     as_of: int
     algorithm: Literal["classic", "fair_tree"]
     records: tuple[FairShareRecord, ...]
+    admin_version: int = 0  # admin events seen when taken: a newer tree or policy makes it stale
+    caught_up: bool = False  # taken with every record up to the partitions' ends folded in
 
     @functools.cached_property
     def factors(self) -> dict[str, float]:
@@ -76,8 +78,12 @@ class FairShareCalculator:
         self.db = db
         self.usage = UsageLedger()
         self.latest: Snapshot | None = None
+        self._fresh: Snapshot | None = None  # computed for admission between published ones
         self._lag = LagWatch(every_s=0.2)  # a snapshot waits for this: check often
         self.caught_up = self._lag.caught_up
+        # Set once a snapshot taken after catching up is published: budgets and factors from a
+        # half-replayed ledger would admit what the full one refuses.
+        self.ready = threading.Event()
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,10 +104,24 @@ class FairShareCalculator:
         return compute_fairshare(tree, leaves, Algorithm(s.fairshare_algorithm))
 
     def snapshot(self) -> Snapshot:
+        version = len(self.admin_log.state.history)  # read first: a change during compute is seen later
         result = self.compute()
         algorithm = self.settings.fairshare_algorithm
         records = tuple(record_of(row, self.usage.clock, algorithm) for row in result.rows())
-        return Snapshot(self.usage.clock, algorithm, records)
+        return Snapshot(self.usage.clock, algorithm, records, version)
+
+    def current_factors(self) -> dict[str, float]:
+        """The factors admission decides with: the latest snapshot's, unless the tree or a policy
+        changed since it was taken; then computed here, so a decision never uses a tree the admin
+        log no longer holds (the published stream follows on the loop's next turn)."""
+        version = len(self.admin_log.state.history)
+        for snapshot in (self.latest, self._fresh):
+            if snapshot is not None and snapshot.admin_version == version:
+                return snapshot.factors
+        if self.latest is None:
+            return {}
+        self._fresh = self.snapshot()
+        return self._fresh.factors
 
     def take(self, values: list[bytes]) -> bool:
         """Fold ledger-entry records (values) into the usage; True if anything changed."""
@@ -157,6 +177,7 @@ class FairShareCalculator:
             self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
             self._policies = {}
         self.caught_up.clear()
+        self.ready.clear()
         try:
             last_publish = 0.0
             while not stop.is_set():
@@ -168,10 +189,19 @@ class FairShareCalculator:
                 if behind is not None:
                     LAG.set(sum(behind.values()))
                 key = (self.usage.clock, self._changes, len(self.admin_log.state.history))
-                due = time.monotonic() - last_publish >= s.fairshare_publish_s
-                if key != self._published_key and due:
+                first = self.caught_up.is_set() and not self.ready.is_set()
+                # A new tree or policy is published at once; usage changes at most every publish_s.
+                admin_changed = self._published_key is not None and key[2] != self._published_key[2]
+                due = first or admin_changed or time.monotonic() - last_publish >= s.fairshare_publish_s
+                if (key != self._published_key or first) and due:
+                    # Checked now, not up to every_s ago: the flag a snapshot carries must be true
+                    # of the records it folds in (another partition may have moved on since).
+                    self._lag.check(consumer, partitions, force=True)
+                    caught_up = self.caught_up.is_set()
                     try:
-                        self.publish(producer, key)
+                        self.publish(producer, key, caught_up)
+                        if caught_up:
+                            self.ready.set()
                         self.last_error = None
                     except Exception as exc:  # one bad snapshot must not stop the stream
                         self.last_error = repr(exc)
@@ -181,8 +211,10 @@ class FairShareCalculator:
             consumer.close(autocommit=False)
             producer.close(timeout=5)
 
-    def publish(self, producer: KafkaProducer, key: tuple[int, int, int]) -> Snapshot:
-        snapshot = self.snapshot()
+    def publish(
+        self, producer: KafkaProducer, key: tuple[int, int, int], caught_up: bool = False
+    ) -> Snapshot:
+        snapshot = replace(self.snapshot(), caught_up=caught_up)
         for record in snapshot.records:
             producer.send(self.settings.fairshare_topic, key=record.node_id.encode(), value=record.to_json())
         producer.flush()

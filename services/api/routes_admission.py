@@ -115,6 +115,8 @@ def _json(answer: AdmissionResponse) -> Response:
 def _refused(exc: AdmissionRefused | AdmissionNotRecorded) -> HTTPException:
     if isinstance(exc, AdmissionNotRecorded):  # Kafka away: no answer yet; the same call again is safe
         return HTTPException(503, {"detail": str(exc), "code": "not-recorded"}, headers={"Retry-After": "1"})
+    if exc.status == 503:  # still replaying after a start: the same call again is safe
+        return HTTPException(503, {"detail": str(exc), "code": "starting"}, headers={"Retry-After": "1"})
     code = {404: "unknown", 409: "conflict"}.get(exc.status, "invalid")
     return HTTPException(exc.status, {"detail": str(exc), "code": code})
 
