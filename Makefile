@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install jars demo up down test test-unit lint format bench schemas clean
+.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
+	@echo "  (install also runs npm ci in web/: the pages' ECharts; the browser tests use the system chromium)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-install: $(VENV)/.installed ## create the virtualenv with the project and its dev tools
+# The pages' JavaScript (ECharts, pinned in web/package-lock.json), served by the API under /ui.
+web/node_modules/.installed: web/package-lock.json
+	npm ci --prefix web --no-audit --no-fund
+	touch $@
+
+install: $(VENV)/.installed web/node_modules/.installed ## create the virtualenv with the project and its dev tools, and web/node_modules
 
 infra/kafka/lib/.fetched: infra/kafka/pom.xml
 	mvn -q -B -f infra/kafka/pom.xml package
@@ -54,6 +60,9 @@ schemas: install ## regenerate the JSON Schema files from the event models
 bench: install jars ## benchmarks: end-to-end ingest (local broker), fair-share recompute
 	$(PY) bench/ingest.py
 	$(PY) bench/fairshare.py
+
+screenshots: install jars ## docs/screenshot-*.png: the dashboard pages on a replayed trace (headless chromium)
+	$(PY) docs/screenshots.py
 
 clean: down
 	rm -rf .allmende .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov

@@ -68,6 +68,7 @@ class JobSeen:
     hosts: tuple[str, ...] = ()
     finished: bool = False
     last: tuple[int, int] = (0, 0)  # (time, rank) of the latest lifecycle event
+    preemptions: tuple[tuple[int, str], ...] = ()  # (at, reason) of every preemption, sorted
     _running: RunningJob | None = field(default=None, repr=False, compare=False)
 
     def may_hold_gpus(self) -> bool:
@@ -113,6 +114,7 @@ class AdmissionState:
     _ended: set[str] = field(default_factory=set)
     _expiries: list[tuple[int, str]] = field(default_factory=list)
     _due: dict[str, str] = field(default_factory=dict)
+    preempted: set[str] = field(default_factory=set)  # jobs with a preemption: the dashboards read them
 
     def _reindex(self, job: JobSeen) -> None:
         job._running = None
@@ -197,6 +199,10 @@ class AdmissionState:
                     job.started, job.since, job.hosts = True, event.occurred_at, tuple(event.hosts)
                     job.gpus = event.gpus
             case JobPreempted():
+                suffered = (event.occurred_at, event.reason)
+                if suffered not in job.preemptions:  # a redelivered copy is the same preemption
+                    job.preemptions = tuple(sorted((*job.preemptions, suffered)))
+                    self.preempted.add(job.job_id)
                 if (event.occurred_at, _PREEMPTED) > job.last:
                     job.last = (event.occurred_at, _PREEMPTED)
                     job.started = False
@@ -210,6 +216,8 @@ class AdmissionState:
         """Take the lifecycle folded elsewhere (job events read while the own log was replayed)."""
         for job_id, seen in jobs.items():
             held = self.jobs.get(job_id)
+            if seen.preemptions:
+                self.preempted.add(job_id)
             if held is None:
                 self.jobs[job_id] = seen
                 self._reindex(seen)
@@ -218,6 +226,8 @@ class AdmissionState:
                 held.finished, held.last = held.finished or seen.finished, max(held.last, seen.last)
                 held.gpus = seen.gpus or held.gpus
                 self._reindex(held)
+            if held is not None and seen.preemptions:
+                held.preemptions = tuple(sorted(set(held.preemptions) | set(seen.preemptions)))
 
     # -- reads --------------------------------------------------------------------------------
     def load_on(self, cluster: str, now: int, start_deadline_s: int) -> ClusterLoad:

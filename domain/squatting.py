@@ -3,7 +3,7 @@
 A job is squatting when its GPU utilisation stays under a threshold for longer than a grace
 period. Utilisation comes from usage samples, in basis points (10,000 = fully busy), and is
 recorded on every ledger piece; a piece without a reading counts as busy (nobody is flagged
-without evidence). INTERFACE FIXED (other modules use these names).
+without evidence).
 """
 
 from __future__ import annotations
@@ -52,5 +52,35 @@ class Squatting:
 def find_squatting(job_id: str, pieces: Sequence[UsagePiece], rule: SquatRule) -> Squatting | None:
     """The job's squatting, or None. Pieces in any order; a stretch is a run of consecutive
     pieces (each starting where the previous ended) all under the threshold; a gap or a busy
-    piece ends it. Flagged when a stretch lasts longer than `rule.grace_s` (strictly)."""
-    raise NotImplementedError
+    piece ends it. Flagged when a stretch lasts longer than `rule.grace_s` (strictly): each
+    stretch is judged alone, so a dip that recovers inside the grace period is never flagged."""
+    valid = sorted((p for p in pieces if p.gpus > 0 and p.end > p.start), key=lambda p: (p.start, p.end))
+    if not valid:
+        return None
+    stretches: list[list[UsagePiece]] = []
+    current: list[UsagePiece] = []
+    for piece in valid:
+        idle = piece.utilization_bp < rule.max_utilization_bp
+        if idle and current and current[-1].end == piece.start:
+            current.append(piece)
+            continue
+        if current:
+            stretches.append(current)
+        current = [piece] if idle else []
+    if current:
+        stretches.append(current)
+    qualifying = [s for s in stretches if s[-1].end - s[0].start > rule.grace_s]
+    if not qualifying:
+        return None
+    flagged = [p for s in qualifying for p in s]
+    return Squatting(
+        job_id=job_id,
+        idle_since=qualifying[0][0].start,
+        idle_until=qualifying[-1][-1].end,
+        idle_seconds=sum(s[-1].end - s[0].start for s in qualifying),
+        idle_gpu_seconds=sum(p.gpus * (p.end - p.start) for p in flagged),
+        idle_charge_units=sum(p.charge_units for p in flagged),
+        gpu_seconds=sum(p.gpus * (p.end - p.start) for p in valid),
+        charge_units=sum(p.charge_units for p in valid),
+        ongoing=valid[-1] is qualifying[-1][-1],
+    )

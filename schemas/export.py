@@ -11,6 +11,7 @@ from pathlib import Path
 
 from schemas.admin_events import ADMIN_EVENT_TYPES, admin_event_json_schema
 from schemas.admission_events import ADMISSION_EVENT_TYPES, admission_event_json_schema
+from schemas.alert_events import ALERT_EVENT_TYPES, alert_event_json_schema
 from schemas.dead_letter import DeadLetter
 from schemas.events import JOB_EVENT_TYPES, job_event_json_schema
 
@@ -26,6 +27,9 @@ def rendered() -> dict[str, str]:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["admission-event.schema.json"] = admission_event_json_schema()
     for model in ADMISSION_EVENT_TYPES:
+        docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
+    docs["alert-event.schema.json"] = alert_event_json_schema()
+    for model in ALERT_EVENT_TYPES:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["DeadLetter.schema.json"] = DeadLetter.model_json_schema()
     return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in docs.items()}

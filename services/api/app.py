@@ -24,20 +24,25 @@ from allmende.gc_pauses import freeze_long_lived
 from allmende.kafka_topics import ensure_topics
 from allmende.logs import configure_logging
 from allmende.settings import Settings
+from domain.squatting import SquatRule
 from services.admin_log import AdminLog
 from services.admin_service import AdminService
 from services.admission_service import AdmissionService
 from services.api.auth import TokenBook
+from services.api.dashboard_views import DashboardViews
 from services.api.deps import Store, Writer
 from services.api.models import Health
 from services.api.routes_admin import router as admin_router
 from services.api.routes_admission import router as admission_router
 from services.api.routes_balance import router as balance_router
+from services.api.routes_dashboard import router as dashboard_router
 from services.api.routes_fairshare import router as fairshare_router
 from services.api.routes_usage import router as usage_router
+from services.dashboard_queries import DashboardQueries
 from services.fairshare_calculator import FairShareCalculator
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
+from services.web.routes import router as web_router
 
 log = structlog.get_logger(__name__)
 
@@ -92,10 +97,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if s.admission_enabled:
             app.state.admission = AdmissionService(s, admin_log, app.state.fairshare)
             await app.state.admission.start()
+            # Serve once budgets and fair share reflect the whole ledger (admission refuses until
+            # then): bounded, so a slow replay still lets the other routes answer.
+            await run_in_threadpool(app.state.fairshare.ready.wait, s.startup_replay_timeout_s)
         admission = app.state.admission
         app.state.admin = AdminService(
             admin_log, app.state.store, app.state.writer, expiry_grace_s=s.expiry_grace_s,
             held=admission.held_units if admission is not None else None,
+        )  # fmt: skip
+        app.state.dashboard = DashboardViews(
+            app.state.admin, DashboardQueries(db), SquatRule.of(s.squat_max_utilization, s.squat_grace_s),
+            admission=admission, fairshare=app.state.fairshare,
         )  # fmt: skip
         tasks = [asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))]
         if admission is not None:
@@ -127,6 +139,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(balance_router)
     app.include_router(admin_router)
     app.include_router(fairshare_router)
+    app.include_router(dashboard_router)
+    app.include_router(web_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])

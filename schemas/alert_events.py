@@ -1,0 +1,90 @@
+"""Alert events: burn warnings of a project's budget, raised and cleared once per crossing.
+
+They travel on `<prefix>.alerts` (one partition, kept forever: the burn alerter is its one writer
+and rebuilds from it at start which warnings are active), keyed by the condition
+(`{project}/{period}/{condition}`). A condition is `early-exhaustion` (the trailing-7-day forecast
+runs out more than `days_early` days before the period ends) or `budget-share:<share>` (charged +
+held reached that share of the allocation, e.g. `budget-share:0.8`). `crossing` counts the times
+the condition became true (1, 2, ...); the event id derives from the condition and the crossing,
+so a retried or concurrent publication is the same event. Instants are UTC Unix seconds; amounts
+are charge units (`domain.charging`, 10^6 per weighted GPU-second); `message` is the sentence for
+the project lead that the webhooks also get.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.events import Identifier, UnixSeconds, parse_with
+
+Units = Annotated[int, Field(ge=0, le=2**62, strict=True)]
+SignedUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]
+Condition = Annotated[str, Field(pattern=r"^(early-exhaustion|budget-share:[0-9]+(\.[0-9]+)?)$")]
+Crossing = Annotated[int, Field(ge=1, strict=True)]
+
+
+class _AlertEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: Annotated[str, Field(min_length=1, max_length=400)]
+    schema_version: Literal[1] = 1
+    occurred_at: UnixSeconds
+    actor: Identifier = "burn-alerter"
+
+    project: Identifier
+    period: Identifier
+    condition: Condition
+    crossing: Crossing
+    message: Annotated[str, Field(min_length=1, max_length=2000)]
+
+    # What the warning was computed from (the project's burn rate as of `as_of`).
+    as_of: UnixSeconds
+    period_end: UnixSeconds
+    allocated_units: Units
+    charged_units: Units
+    held_units: Units
+    remaining_units: SignedUnits  # allocated - charged - held: negative when over budget
+    trailing_units_per_day: Units  # the trailing-7-day rate
+    exhaustion_at: UnixSeconds | None  # at that rate; None: the budget lasts the period
+
+    # The record key on the topic, filled from the event's fields.
+    KEY: ClassVar[str] = "{project}/{period}/{condition}"
+
+    @property
+    def key(self) -> str:
+        """The key on the topic: the condition."""
+        return self.KEY.format_map(self.__dict__)
+
+
+class BurnWarningRaised(_AlertEnvelope):
+    """The condition became true (its `crossing`-th time)."""
+
+    type: Literal["BurnWarningRaised"] = "BurnWarningRaised"
+
+
+class BurnWarningCleared(_AlertEnvelope):
+    """The condition of the `crossing`-th warning is false again (`resolved`), or is no longer
+    among the configured thresholds (`unconfigured`)."""
+
+    type: Literal["BurnWarningCleared"] = "BurnWarningCleared"
+    why: Literal["resolved", "unconfigured"] = "resolved"
+
+
+AlertEvent = Annotated[BurnWarningRaised | BurnWarningCleared, Field(discriminator="type")]
+ALERT_EVENT_TYPES: tuple[type[BaseModel], ...] = (BurnWarningRaised, BurnWarningCleared)
+_adapter: TypeAdapter[AlertEvent] = TypeAdapter(AlertEvent)
+
+
+def parse_alert_event(raw: bytes) -> AlertEvent:
+    return parse_with(_adapter, raw)
+
+
+def encode_alert_event(event: AlertEvent) -> bytes:
+    return orjson.dumps(event.model_dump(mode="json"))
+
+
+def alert_event_json_schema() -> dict[str, object]:
+    return _adapter.json_schema()

@@ -1,0 +1,373 @@
+"""What the dashboard routes answer: the domain's burn-rate and squatting rules over the ledger's
+projections, the admin state (allocations, agreements, clusters) and the admission state.
+
+Blocking (ClickHouse): run these in a thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from fastapi import HTTPException
+
+from domain.admin_state import AdminState, agreement_of
+from domain.balances import ProjectBalance
+from domain.burn_rate import SECONDS_PER_DAY, BurnRate, Forecast, burn_rate
+from domain.squatting import SquatRule, find_squatting
+from domain.timeslices import occurrences
+from services.admin_service import AdminService
+from services.api import dashboard_models as m
+from services.api.access import readable_projects
+from services.api.auth import Principal
+from services.api.dashboard_models import gpu_hours, idle_hours, instant, percent, units_to_hours
+from services.dashboard_queries import DashboardQueries
+
+if TYPE_CHECKING:
+    from services.admission_service import AdmissionService
+    from services.fairshare_calculator import FairShareCalculator
+
+CLOCK_CACHE_S = 2.0  # the ledger's clock is one scan of a column: read it at most this often
+MAX_WINDOWS = 2_000  # time-slice windows listed per page: a bound on every query
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    name: str
+    start: int
+    end: int
+    as_of: int
+
+    @property
+    def first_day(self) -> dt.date:
+        return _day(self.start)
+
+    @property
+    def last_day(self) -> dt.date:
+        """The last UTC day with usage up to as_of (the day before as_of when it is a midnight)."""
+        return _day(max(self.start, self.as_of - 1))
+
+    def meta(self) -> dict[str, str]:
+        return {
+            "period": self.name,
+            "period_start": instant(self.start) or "",
+            "period_end": instant(self.end) or "",
+            "as_of": instant(self.as_of) or "",
+        }
+
+
+def _day(at: int) -> dt.date:
+    return dt.date(1970, 1, 1) + dt.timedelta(days=at // SECONDS_PER_DAY)
+
+
+def periods_of(state: AdminState) -> dict[str, tuple[int, int]]:
+    """Every period with allocations, by name: its span (the widest any allocation gives it)."""
+    found: dict[str, tuple[int, int]] = {}
+    for a in state.allocations.values():
+        start, end = found.get(a.period, (a.start, a.end))
+        found[a.period] = (min(start, a.start), max(end, a.end))
+    return dict(sorted(found.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+class DashboardViews:
+    def __init__(
+        self,
+        admin: AdminService,
+        queries: DashboardQueries,
+        squat_rule: SquatRule,
+        admission: AdmissionService | None = None,
+        fairshare: FairShareCalculator | None = None,
+    ) -> None:
+        self.admin = admin
+        self.queries = queries
+        self.squat_rule = squat_rule
+        self.admission = admission
+        self.fairshare = fairshare
+        self._clock: tuple[float, int] = (-CLOCK_CACHE_S, 0)
+        self._clock_lock = threading.Lock()
+
+    # -- time ---------------------------------------------------------------------------------
+    def ledger_clock(self) -> int:
+        """The latest instant charged; the wall clock when the ledger is empty. In live operation
+        it trails now by the pipeline's lag; for a replayed trace it is the trace's "now"."""
+        with self._clock_lock:
+            read_at, clock = self._clock
+            if time.monotonic() - read_at > CLOCK_CACHE_S:
+                clock = self.queries.ledger_clock()
+                self._clock = (time.monotonic(), clock)
+        return min(clock, self.admin.now()) if clock > 0 else self.admin.now()
+
+    def period(self, state: AdminState, name: str | None, as_of: int | None) -> Period:
+        known = periods_of(state)
+        if not known:
+            raise HTTPException(404, "no period has allocations yet: apply a plan first")
+        clock = self.ledger_clock() if as_of is None else as_of
+        if name is None:
+            name = next((n for n, (s, e) in known.items() if s <= clock < e), next(reversed(known)))
+        if name not in known:
+            raise HTTPException(404, f"no allocations for period {name!r}; known: {', '.join(known)}")
+        start, end = known[name]
+        return Period(name, start, end, min(max(clock, start), end))
+
+    # -- one project --------------------------------------------------------------------------
+    def _balance(self, state: AdminState, project: str, as_of: int | None) -> ProjectBalance:
+        # The same path as `allmende budget balance`: the page's numbers are the balance's.
+        return self.admin.balance(project, as_of, state)
+
+    def project_burn(
+        self, state: AdminState, project: str, period: Period, as_of_given: bool
+    ) -> tuple[BurnRate, ProjectBalance]:
+        balance = self._balance(state, project, period.as_of if as_of_given else None)
+        lines = [b for b in balance.allocations if b.allocation.period == period.name]
+        daily = self.queries.daily_charges(project, period.first_day, period.last_day)
+        burn = burn_rate(
+            allocated_units=sum(b.allocated_units for b in lines),
+            held_units=sum(b.held_units for b in lines),
+            period_start=period.start,
+            period_end=period.end,
+            as_of=period.as_of,
+            daily=daily,
+        )
+        return burn, balance
+
+    def burn(self, state: AdminState, project: str, period: Period, as_of_given: bool) -> m.BurnOut:
+        burn, balance = self.project_burn(state, project, period, as_of_given)
+        lines = [b for b in balance.allocations if b.allocation.period == period.name]
+        in_budget = sum(b.charged_units for b in lines)
+        return m.BurnOut(
+            **period.meta(),
+            project=project,
+            allocated_gpu_hours=units_to_hours(burn.allocated_units),
+            charged_gpu_hours=units_to_hours(burn.charged_units),
+            held_gpu_hours=units_to_hours(burn.held_units),
+            remaining_gpu_hours=units_to_hours(sum(b.remaining_units for b in lines)),
+            over_budget_gpu_hours=units_to_hours(max(0, burn.charged_units - in_budget)),
+            elapsed_percent=percent(burn.elapsed_share) or Decimal(0),
+            spent_percent=percent(burn.spent_share),
+            forecasts=[_forecast(burn.period_to_date), _forecast(burn.trailing_7d)],
+            rows=[
+                m.BurnDayRow(
+                    day=d.day,
+                    gpu_hours=gpu_hours(d.gpu_seconds),
+                    charged_gpu_hours=units_to_hours(d.charge_units),
+                    cumulative_charged_gpu_hours=units_to_hours(d.cumulative_units),
+                    even_burn_gpu_hours=units_to_hours(d.even_burn_units),
+                )
+                for d in burn.days
+            ],
+        )
+
+    def breakdown(self, project: str, period: Period, by: str) -> m.BreakdownOut:
+        totals = self.queries.totals_by(project, by, period.first_day, period.last_day)
+        return m.BreakdownOut(
+            **period.meta(),
+            project=project,
+            by=by,
+            rows=[
+                m.BreakdownRow(
+                    key=t.key,
+                    gpu_hours=gpu_hours(t.gpu_seconds),
+                    charged_gpu_hours=units_to_hours(t.charge_units),
+                    idle_gpu_hours=idle_hours(t.idle_units),
+                )
+                for t in totals
+            ],
+        )
+
+    def running(self, project: str) -> m.RunningOut:
+        jobs = self.admission.running_jobs(project) if self.admission is not None else []
+        return m.RunningOut(
+            project=project,
+            rows=[
+                m.RunningRow(
+                    job_id=j.job_id,
+                    user=j.user,
+                    cluster=cluster,
+                    gpus=j.gpus,
+                    priority_class=j.priority_class,
+                    lane=j.lane.value if j.lane is not None else None,
+                    since=instant(j.since) if j.since else None,
+                    hosts=" ".join(j.hosts),
+                )
+                for cluster, j in jobs
+            ],
+        )
+
+    def holds(self, project: str) -> m.HoldsOut:
+        holds = self.admission.job_holds(project) if self.admission is not None else []
+        return m.HoldsOut(
+            project=project,
+            rows=[
+                m.HoldRow(
+                    job_id=job_id, held_charged_gpu_hours=units_to_hours(units), expires_at=instant(expires)
+                )
+                for job_id, units, expires in holds
+            ],
+        )
+
+    def preemptions(self, project: str, period: Period) -> m.PreemptionsOut:
+        found = self.admission.preemptions(project) if self.admission is not None else []
+        return m.PreemptionsOut(
+            **period.meta(),
+            project=project,
+            rows=[
+                m.PreemptionRow(
+                    job_id=job.job_id, user=job.user, cluster=job.cluster, at=instant(at), reason=reason
+                )
+                for job, at, reason in found
+                if period.start <= at < period.as_of + 1
+            ],
+        )
+
+    def timeslices(self, state: AdminState, project: str, period: Period) -> m.TimeSlicesOut:
+        rows: list[m.TimeSliceRow] = []
+        agreements = [
+            agreement_of(a)
+            for key, a in sorted(state.agreements.items())
+            if a.project == project and key not in state.revoked
+        ]
+        end = min(max(period.as_of, period.start + 1), period.end)
+        for agreement in agreements:
+            # Each window clipped to the period and to as_of: a window under way shows its part so far.
+            windows = [
+                (max(s, period.start), min(e, end))
+                for s, e in occurrences(agreement.window, period.start, end)
+                if max(s, period.start) < min(e, end)
+            ][:MAX_WINDOWS]
+            used = self.queries.window_gpu_seconds(project, agreement.cluster, windows)
+            for (start, stop), secs in zip(windows, used, strict=True):
+                guaranteed = agreement.gpus * (stop - start)
+                # The guarantee is GPUs at each instant; GPU-seconds beyond it were not the agreement's.
+                counted = min(secs, guaranteed)
+                rows.append(
+                    m.TimeSliceRow(
+                        agreement_id=agreement.agreement_id,
+                        cluster=agreement.cluster,
+                        gpus=agreement.gpus,
+                        window_start=instant(start),
+                        window_end=instant(stop),
+                        guaranteed_gpu_hours=gpu_hours(guaranteed),
+                        used_gpu_hours=gpu_hours(counted),
+                        used_percent=percent(_share(counted, guaranteed)),
+                    )
+                )
+        return m.TimeSlicesOut(**period.meta(), project=project, rows=rows)
+
+    def squatting(self, project: str, period: Period) -> m.SquattingOut:
+        rule = self.squat_rule
+        rows = []
+        for job in self.queries.low_utilization_jobs(
+            project, rule.max_utilization_bp, period.start, period.end
+        ):
+            found = find_squatting(job.job_id, job.pieces, rule)
+            if found is None:
+                continue
+            rows.append(
+                m.SquattingRow(
+                    job_id=job.job_id,
+                    user=job.user,
+                    cluster=job.cluster,
+                    idle_since=instant(found.idle_since),
+                    idle_until=instant(found.idle_until),
+                    idle_hours=gpu_hours(found.idle_seconds),
+                    idle_gpu_hours=gpu_hours(found.idle_gpu_seconds),
+                    idle_charged_gpu_hours=units_to_hours(found.idle_charge_units),
+                    gpu_hours=gpu_hours(found.gpu_seconds),
+                    charged_gpu_hours=units_to_hours(found.charge_units),
+                    ongoing=found.ongoing,
+                )
+            )
+        rows.sort(key=lambda r: (-r.charged_gpu_hours, r.job_id))
+        return m.SquattingOut(
+            **period.meta(),
+            project=project,
+            max_utilization_percent=Decimal(rule.max_utilization_bp) / 100,
+            grace_minutes=(Decimal(rule.grace_s) / 60).quantize(Decimal("0.01")),
+            rows=rows,
+        )
+
+    # -- every project ------------------------------------------------------------------------
+    def overview(
+        self, state: AdminState, caller: Principal, period: Period, as_of_given: bool
+    ) -> m.OverviewOut:
+        idle = {
+            t.key: t.idle_units
+            for t in self.queries.totals_by(None, "project", period.first_day, period.last_day)
+        }
+        rows = []
+        for project in readable_projects(state, caller, idle if caller.role == "admin" else ()):
+            out = self.burn(state, project, period, as_of_given)
+            trailing = out.forecasts[1]
+            rows.append(
+                m.OverviewRow(
+                    project=project,
+                    allocated_gpu_hours=out.allocated_gpu_hours,
+                    charged_gpu_hours=out.charged_gpu_hours,
+                    held_gpu_hours=out.held_gpu_hours,
+                    remaining_gpu_hours=out.remaining_gpu_hours,
+                    elapsed_percent=out.elapsed_percent,
+                    spent_percent=out.spent_percent,
+                    exhaustion_at=trailing.exhaustion_at,
+                    days_left=trailing.days_left,
+                    lasts_period=trailing.lasts_period,
+                    over_budget_gpu_hours=out.over_budget_gpu_hours,
+                    idle_gpu_hours=idle_hours(idle.get(project, 0)),
+                )
+            )
+        elapsed = percent(_share(period.as_of - period.start, period.end - period.start)) or Decimal(0)
+        return m.OverviewOut(**period.meta(), elapsed_percent=elapsed, rows=rows)
+
+    def cluster_utilization(self, state: AdminState, period: Period) -> m.ClusterUtilizationOut:
+        clusters = {c.cluster: c.gpus for c in state.clusters.values()}
+        used = {
+            (c, d): s
+            for c, d, s in self.queries.cluster_days(sorted(clusters), period.first_day, period.last_day)
+        }
+        rows = []
+        for cluster, gpus in sorted(clusters.items()):
+            day = period.first_day
+            while day <= period.last_day:
+                # A day that as_of cuts offers only the part before as_of.
+                lo = max(period.start, _midnight(day))
+                hi = min(
+                    period.as_of if period.as_of > period.start else period.end,
+                    _midnight(day) + SECONDS_PER_DAY,
+                )
+                capacity = gpus * max(0, hi - lo)
+                secs = used.get((cluster, day), 0)
+                rows.append(
+                    m.ClusterDayRow(
+                        cluster=cluster,
+                        day=day,
+                        gpus=gpus,
+                        used_gpu_hours=gpu_hours(secs),
+                        capacity_gpu_hours=gpu_hours(capacity),
+                        utilization_percent=percent(_share(secs, capacity)) or Decimal(0),
+                    )
+                )
+                day += dt.timedelta(days=1)
+        return m.ClusterUtilizationOut(**period.meta(), rows=rows)
+
+
+def _midnight(day: dt.date) -> int:
+    return (day - dt.date(1970, 1, 1)).days * SECONDS_PER_DAY
+
+
+def _share(part: int, whole: int) -> Fraction | None:
+    return Fraction(part, whole) if whole > 0 else None
+
+
+def _forecast(f: Forecast) -> m.ForecastOut:
+    return m.ForecastOut(
+        basis=f.basis,
+        charged_gpu_hours_per_day=units_to_hours(f.units_per_day),
+        exhaustion_at=instant(f.exhaustion_at),
+        days_left=f.days_left,
+        lasts_period=f.lasts_period,
+        projected_charged_gpu_hours_at_end=units_to_hours(f.projected_units_at_end),
+    )

@@ -1,0 +1,1 @@
+"""The dashboards' browser pages (Jinja2 templates, plain JavaScript, ECharts), served under /ui."""

@@ -1,0 +1,185 @@
+"""The browser pages of the burn-rate dashboards: sign-in, the overview, one project's page.
+
+The pages are Jinja2 templates with plain JavaScript that reads the JSON routes of
+docs/dashboard-api.md with the session cookie the sign-in form sets (HttpOnly, SameSite=Strict;
+the token never appears in a URL). ECharts comes from the npm package in web/node_modules
+(`make install`), served from here: no CDN.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from domain.admin_state import AdminState
+from services.api.access import readable_projects, require_project
+from services.api.auth import SESSION_COOKIE, Principal, TokenBook, principal_of
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+ECHARTS = HERE.parents[1] / "web" / "node_modules" / "echarts" / "dist" / "echarts.min.js"
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+MAX_FORM_BYTES = 8192
+templates = Jinja2Templates(directory=HERE / "templates")
+
+
+class VendorMissing(RuntimeError):
+    pass
+
+
+def check_vendor(path: Path = ECHARTS) -> None:
+    """The pages draw with ECharts from web/node_modules: refuse to start without it."""
+    if not path.is_file():
+        raise VendorMissing(f"{path} is missing: the dashboard pages need ECharts; run make install")
+
+
+@asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    check_vendor()
+    yield
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False, lifespan=_lifespan)
+
+
+def _admin_state(request: Request) -> AdminState:
+    state: AdminState = request.app.state.admin.state()
+    return state
+
+
+def _reader(request: Request) -> Principal | None:
+    """The signed-in admin or lead; None (to the sign-in form) for anyone else."""
+    principal = principal_of(request)
+    return principal if principal is not None and principal.role in ("admin", "lead") else None
+
+
+def _to_signin() -> RedirectResponse:
+    return RedirectResponse("/ui/signin", status_code=303)
+
+
+def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+    return templates.TemplateResponse(
+        request, name, context, status_code=status, headers={"Cache-Control": "no-store"}
+    )
+
+
+def _period_of(request: Request) -> str:
+    period = request.query_params.get("period", "")
+    return period if len(period) <= 100 else ""
+
+
+@router.get("/signin")
+async def signin_form(request: Request) -> Response:
+    return _page(request, "signin.html", title="Sign in", message=None)
+
+
+@router.post("/signin")
+async def signin(request: Request) -> Response:
+    body = await request.body()
+    fields = parse_qs(body[:MAX_FORM_BYTES].decode("utf-8", "replace")) if len(body) <= MAX_FORM_BYTES else {}
+    token = (fields.get("token") or [""])[0].strip()
+    book: TokenBook = request.app.state.tokens
+    principal = book.who(token) if token else None
+    if principal is None or principal.role not in ("admin", "lead"):
+        message = (
+            "That token is not known. Ask an admin for a project-lead token."
+            if principal is None
+            else f"{principal.name}'s token is a {principal.role} token: the dashboards are for admins and "
+            "project leads."
+        )
+        return _page(request, "signin.html", status=401, title="Sign in", message=message)
+    response = RedirectResponse("/ui", status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return response
+
+
+@router.api_route("/signout", methods=["GET", "POST"])
+async def signout(request: Request) -> Response:
+    response = _to_signin()
+    response.delete_cookie(
+        SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
+    return response
+
+
+@router.get("")
+async def home(request: Request) -> Response:
+    principal = _reader(request)
+    if principal is None:
+        return _to_signin()
+    if principal.role == "admin":
+        return RedirectResponse("/ui/overview", status_code=303)
+    projects = readable_projects(_admin_state(request), principal)
+    if not projects:
+        return _page(
+            request, "message.html", title="No projects", principal=principal,
+            heading="No projects yet",
+            sentence=f"{principal.name} leads no project of the current plan.",
+        )  # fmt: skip
+    return RedirectResponse(f"/ui/projects/{quote(projects[0], safe='')}", status_code=303)
+
+
+@router.get("/overview")
+async def overview(request: Request) -> Response:
+    principal = _reader(request)
+    if principal is None:
+        return _to_signin()
+    return _page(
+        request, "overview.html", title="Overview", principal=principal,
+        boot=json.dumps({"page": "overview", "period": _period_of(request)}),
+    )  # fmt: skip
+
+
+@router.get("/projects/{project}")
+async def project_page(request: Request, project: str) -> Response:
+    principal = _reader(request)
+    if principal is None:
+        return _to_signin()
+    state = _admin_state(request)
+    has_usage = request.app.state.admin.store.project_days(project) is not None
+    try:
+        require_project(state, principal, project, has_usage=has_usage)
+    except HTTPException as refused:
+        if refused.status_code == 403:
+            heading = "Not your project"
+            sentence = f"{project} is not {principal.name}'s project: {refused.detail}."
+        else:
+            heading = "No such project"
+            sentence = f"There is no project {project} in the plan."
+        return _page(
+            request, "message.html", status=refused.status_code, title=heading, principal=principal,
+            heading=heading, sentence=sentence,
+        )  # fmt: skip
+    return _page(
+        request, "project.html", title=project, principal=principal, project=project,
+        boot=json.dumps({"page": "project", "project": project, "period": _period_of(request)}),
+    )  # fmt: skip
+
+
+@router.get("/static/vendor/echarts.min.js")
+async def echarts() -> Response:
+    check_vendor()
+    return FileResponse(ECHARTS, media_type=STATIC_TYPES[".js"], headers={"Cache-Control": "max-age=3600"})
+
+
+@router.get("/static/{name}")
+async def static(name: str) -> Response:
+    path = STATIC / name
+    if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES or not path.is_file():
+        raise HTTPException(404, f"no file {name}")
+    return FileResponse(path, media_type=STATIC_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,241 @@
+"""The burn alerter on a real broker: once per crossing on the alerts topic, across restarts, to
+real webhooks (a local HTTP server), and the project gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+from kafka import TopicPartition
+from prometheus_client import REGISTRY
+
+from allmende.kafka_reading import read_to_end, replaying_consumer
+from allmende.kafka_topics import ensure_topics, topic_specs
+from allmende.settings import Settings
+from domain.burn_alerts import EARLY_EXHAUSTION, ProjectBurn
+from domain.squatting import IDLE_UNITS_PER_GPU_SECOND
+from schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, parse_alert_event
+from services.burn_alerts import BurnAlerter, slack_body
+from tests.integration.harness import wait_until
+from tests.unit.test_burn_alerts import FAST, QUIET, burn_of
+
+pytestmark = pytest.mark.integration
+
+
+class Webhook:
+    """A local HTTP server that records every POSTed JSON body and answers the given statuses
+    in turn (then 200)."""
+
+    def __init__(self, statuses: Sequence[int] = ()) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.statuses = list(statuses)
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = orjson.loads(self.rfile.read(length))
+                with lock:
+                    hook.bodies.append(body)
+                    status = hook.statuses.pop(0) if hook.statuses else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        lock = threading.Lock()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/secret-path"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    yield hook
+    hook.close()
+
+
+@pytest.fixture
+def alerts_settings(settings: Settings) -> Settings:
+    ensure_topics(settings, [s for s in topic_specs(settings) if s.name == settings.alerts_topic])
+    return settings
+
+
+class Source:
+    """What the ledger would say: the burns the test sets."""
+
+    def __init__(self, *burns: ProjectBurn) -> None:
+        self.burns = list(burns)
+        self.calls = 0
+
+    def __call__(self) -> list[ProjectBurn]:
+        self.calls += 1
+        return self.burns
+
+
+def on_topic(settings: Settings) -> list[AlertEvent]:
+    consumer, _ = replaying_consumer(settings.kafka_bootstrap_servers, settings.alerts_topic)
+    events: list[AlertEvent] = []
+    try:
+        read_to_end(consumer, TopicPartition(settings.alerts_topic, 0), lambda r: events.append(
+            parse_alert_event(r.value)
+        ))  # fmt: skip
+    finally:
+        consumer.close(autocommit=False)
+    return events
+
+
+def sample(name: str, labels: dict[str, str]) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_a_crossing_is_emitted_once_across_rounds_and_restarts(
+    alerts_settings: Settings, webhook: Webhook
+) -> None:
+    s = alerts_settings.model_copy(update={"alert_webhook_urls": f" {webhook.url} ,"})
+    p = s.topic_prefix  # a project name of this test's own
+    source = Source(ProjectBurn(p, "2027-Q1", FAST, 0))
+    first = BurnAlerter(s, source)
+    try:
+        [event] = first.check_once()
+        assert isinstance(event, BurnWarningRaised) and event.condition == EARLY_EXHAUSTION
+        assert first.check_once() == []
+    finally:
+        first.close()
+    assert on_topic(s) == [event]
+    assert webhook.bodies == [orjson.loads(orjson.dumps(slack_body(event)))]
+    assert webhook.bodies[0]["text"] == (
+        f"Project {p} will run out of budget on 2027-02-20, 39 days before 2027-Q1 ends "
+        "(last 7 days' rate: 120 weighted GPU-hours/day)."
+    )
+
+    restarted = BurnAlerter(s, source)
+    try:
+        assert restarted.rebuild() == 1
+        assert restarted.state.active == {(p, "2027-Q1", EARLY_EXHAUSTION): 1}
+        assert restarted.check_once() == []
+        # the lead sees it end, once
+        source.burns = [ProjectBurn(p, "2027-Q1", QUIET, 0)]
+        [cleared] = restarted.check_once()
+        assert isinstance(cleared, BurnWarningCleared) and cleared.crossing == 1
+        assert restarted.check_once() == []
+    finally:
+        restarted.close()
+    assert on_topic(s) == [event, cleared]
+    assert [b["text"] for b in webhook.bodies] == [event.message, cleared.message]
+
+    # a third alerter that never rebuilt explicitly catches up at its first round
+    third = BurnAlerter(s, source)
+    try:
+        assert third.check_once() == []
+    finally:
+        third.close()
+    assert len(webhook.bodies) == 2
+
+
+def test_a_webhook_answering_500_is_retried_and_one_that_keeps_failing_is_counted(
+    alerts_settings: Settings,
+) -> None:
+    flaky, broken = Webhook([500]), Webhook([500, 503, 502, 500, 500])
+    s = alerts_settings.model_copy(update={"alert_webhook_urls": f"{flaky.url},{broken.url}"})
+    p = s.topic_prefix
+    failures, posts = (
+        counter("allmende_alert_webhook_failures_total"),
+        counter("allmende_alert_webhook_posts_total"),
+    )
+    alerter = BurnAlerter(s, Source(ProjectBurn(p, "2027-Q1", burn_of(charged_h=8_500), 0)),
+                          webhook_attempts=3, webhook_backoff_s=0.05)  # fmt: skip
+    try:
+        [event] = alerter.check_once()  # the loop's round does not fail for a webhook
+    finally:
+        alerter.close()
+        flaky.close()
+        broken.close()
+    assert event.condition == "budget-share:0.8"
+    assert flaky.bodies == [slack_body(event)] * 2  # 500, then 200
+    assert broken.bodies == [slack_body(event)] * 3  # given up after 3 attempts
+    assert counter("allmende_alert_webhook_posts_total") == posts + 1
+    assert counter("allmende_alert_webhook_failures_total") == failures + 1
+    assert on_topic(s) == [event]  # published before the posts, whatever they answer
+
+
+def test_the_gauges_show_each_project_and_drop_what_is_no_longer_reported(alerts_settings: Settings) -> None:
+    p = alerts_settings.topic_prefix
+    idle_units = 25 * 3600 * IDLE_UNITS_PER_GPU_SECOND // 10  # 2.5 idle GPU-hours
+    fast, quiet = (
+        {"project": f"{p}-fast", "period": "2027-Q1"},
+        {"project": f"{p}-quiet", "period": "2027-Q1"},
+    )
+    source = Source(ProjectBurn(fast["project"], "2027-Q1", FAST, idle_units),
+                    ProjectBurn(quiet["project"], "2027-Q1", QUIET, 0))  # fmt: skip
+    alerter = BurnAlerter(alerts_settings, source)
+    try:
+        alerter.check_once()
+        assert sample("allmende_project_allocated_gpu_hours", fast) == 10_000
+        assert sample("allmende_project_charged_gpu_hours", fast) == 7_660
+        assert sample("allmende_project_held_gpu_hours", fast) == 0
+        assert sample("allmende_project_remaining_gpu_hours", fast) == 2_340
+        assert sample("allmende_project_forecast_days_left", fast) == 19
+        assert sample("allmende_project_lasts_period", fast) == 0
+        assert sample("allmende_project_period_days_left", fast) == 59
+        assert sample("allmende_project_idle_gpu_hours", fast) == 2.5
+        assert sample("allmende_project_charged_gpu_hours", quiet) == 1_000
+        assert sample("allmende_project_forecast_days_left", quiet) is None  # lasts: absent
+        assert sample("allmende_project_lasts_period", quiet) == 1
+        source.burns = source.burns[:1]
+        alerter.check_once()
+        assert sample("allmende_project_allocated_gpu_hours", quiet) is None
+        assert sample("allmende_project_allocated_gpu_hours", fast) == 10_000
+    finally:
+        alerter.close()
+        alerter.metrics.clear()
+    assert sample("allmende_project_allocated_gpu_hours", fast) is None
+
+
+def test_the_loop_runs_rounds_off_the_event_loop_and_survives_a_failing_source(
+    alerts_settings: Settings, webhook: Webhook
+) -> None:
+    s = alerts_settings.model_copy(update={"alert_webhook_urls": webhook.url, "alert_check_s": 0.1})
+    p = s.topic_prefix
+    calls: list[str] = []
+
+    def source() -> list[ProjectBurn]:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise RuntimeError("ClickHouse away")
+        return [ProjectBurn(p, "2027-Q1", FAST, 0)]
+
+    async def main() -> BurnAlerter:
+        alerter = BurnAlerter(s, source)
+        await alerter.start()
+        try:
+            await asyncio.to_thread(wait_until, lambda: len(calls) >= 4, 30, "four rounds")
+        finally:
+            await alerter.stop()
+        return alerter
+
+    failures = counter("allmende_burn_alert_round_failures_total")
+    alerter = asyncio.run(main())
+    assert counter("allmende_burn_alert_round_failures_total") >= failures + 1
+    assert threading.main_thread().name not in calls
+    assert len(on_topic(s)) == 1 and len(webhook.bodies) == 1
+    assert alerter.last_error is None
+    alerter.metrics.clear()
