@@ -84,6 +84,7 @@ class Settings(BaseSettings):
     # and a POST of a Slack-compatible body to each webhook URL (comma-separated).
     burn_warning_days_early: int = Field(default=7, ge=0)  # trailing-7-day forecast runs out this early
     burn_warning_budget_shares: str = "0.8,1.0"  # shares of the budget whose passing warns
+    alerts_enabled: bool = True
     alert_webhook_urls: str = ""
     alert_check_s: float = Field(default=60.0, gt=0)
 

@@ -38,6 +38,7 @@ from services.api.routes_balance import router as balance_router
 from services.api.routes_dashboard import router as dashboard_router
 from services.api.routes_fairshare import router as fairshare_router
 from services.api.routes_usage import router as usage_router
+from services.burn_alerts import BurnAlerter
 from services.dashboard_queries import DashboardQueries
 from services.fairshare_calculator import FairShareCalculator
 from services.ledger_store import LedgerStore
@@ -109,6 +110,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.admin, DashboardQueries(db), SquatRule.of(s.squat_max_utilization, s.squat_grace_s),
             admission=admission, fairshare=app.state.fairshare,
         )  # fmt: skip
+        app.state.alerter = None
+        if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
+            app.state.alerter = BurnAlerter(s, app.state.dashboard.project_burns)
+            await app.state.alerter.start()
         tasks = [asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))]
         if admission is not None:
             tasks.append(asyncio.create_task(_release_periodically(admission)))
@@ -119,6 +124,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             for task in tasks:
                 task.cancel()
+            if app.state.alerter is not None:
+                await app.state.alerter.stop()
             if admission is not None:
                 await admission.stop()
             if app.state.fairshare is not None:
@@ -151,6 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as exc:  # health must answer, whatever broke
             clickhouse = f"error: {exc}"
         writer_state = "disabled" if writer is None else (writer.last_error or "running")
+        alerter = request.app.state.alerter
+        alerts = "disabled" if alerter is None else (alerter.last_error or "running")
         calculator = request.app.state.fairshare
         fairshare = "disabled" if calculator is None else (calculator.last_error or "running")
         # A writer or calculator that keeps failing is not "ok", whatever ClickHouse says.
@@ -164,6 +173,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             clickhouse=clickhouse,
             writer=writer_state,
             fairshare=fairshare,
+            alerts=alerts,
             writer_batches=writer.batches if writer else 0,
             writer_caught_up=bool(writer and writer.caught_up.is_set()),
         )

@@ -39,6 +39,7 @@ class Health(BaseModel):
     writer_batches: int
     writer_caught_up: bool
     fairshare: str = "disabled"
+    alerts: str = "disabled"  # the burn alerter's last round: shown, not counted against "ok"
 
 
 class ErrorBody(BaseModel):

@@ -1,4 +1,4 @@
-"""The browser tests' fixtures: the real platform (once per session) and a headless Chromium.
+"""The browser tests' fixtures: the real platform (once for this package) and a headless Chromium.
 
 Playwright drives the system's chromium (`/usr/bin/chromium`, Debian's package; .ci/run installs
 it where missing): never `playwright install`, which downloads a browser and fails offline.
@@ -30,7 +30,7 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def platform(
     kafka_bootstrap: str, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
@@ -40,13 +40,15 @@ def platform(
         yield running
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: the sync API leaves an event loop running in the main thread until it
+# stops, which would break every later test that calls asyncio.run.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
     yield browser

@@ -7,6 +7,7 @@ import asyncio
 import http.server
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,10 +22,13 @@ from domain.burn_alerts import EARLY_EXHAUSTION, ProjectBurn
 from domain.squatting import IDLE_UNITS_PER_GPU_SECOND
 from schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, parse_alert_event
 from services.burn_alerts import BurnAlerter, slack_body
+from tests.integration.budget_harness import ADMIN, ok, plan_text, running_api
 from tests.integration.harness import wait_until
+from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all, _run
 from tests.unit.test_burn_alerts import FAST, QUIET, burn_of
 
 pytestmark = pytest.mark.integration
+DAY = 86_400
 
 
 class Webhook:
@@ -239,3 +243,33 @@ def test_the_loop_runs_rounds_off_the_event_loop_and_survives_a_failing_source(
     assert len(on_topic(s)) == 1 and len(webhook.bodies) == 1
     assert alerter.last_error is None
     alerter.metrics.clear()
+
+
+def test_the_running_api_warns_from_the_ledger_once_and_its_gauges_are_the_burn_pages(
+    settings: Settings, webhook: Webhook, tmp_path: Path
+) -> None:
+    s = settings.model_copy(update={"alert_webhook_urls": webhook.url, "alert_check_s": 0.2})
+    # vision: 448 of its 500 GPU-hours in one day (89.6 %): past 0.8, not 1.0, and the trailing
+    # rate runs out long before the quarter ends.
+    big = _run("big", "vision", start=Q1_2027 + DAY, end=Q1_2027 + DAY + 7 * 3600, gpus=64)
+    vision = {"project": "vision", "period": "2027-Q1"}
+    with running_api(s, Q1_2027 + DAY) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        _meter_all(s, big, tmp_path / "logs", api.app.state.store)  # type: ignore[attr-defined]
+        clock.now = Q1_2027 + 2 * DAY
+        raised = wait_until(lambda: len(on_topic(s)) == 2 and on_topic(s), 30, "two burn warnings")
+        burn = ok(api.get("/v1/dashboard/projects/vision/burn", headers=ADMIN))
+        metrics = api.get("/metrics").text
+        assert ok(api.get("/healthz"))["alerts"] == "running"
+    assert {(e.type, e.project, e.condition) for e in raised} == {
+        ("BurnWarningRaised", "vision", "budget-share:0.8"),
+        ("BurnWarningRaised", "vision", EARLY_EXHAUSTION),
+    }
+    assert 'allmende_project_charged_gpu_hours{period="2027-Q1",project="vision"}' in metrics
+    assert sample("allmende_project_charged_gpu_hours", vision) == float(burn["charged_gpu_hours"])
+    assert sample("allmende_project_remaining_gpu_hours", vision) == float(burn["remaining_gpu_hours"])
+    assert sorted(b["text"] for b in webhook.bodies) == sorted(e.message for e in raised)
+
+    with running_api(s, Q1_2027 + 2 * DAY) as (api, _):  # restarted: the warnings are not sent again
+        assert api.app.state.alerter.check_once() == []  # type: ignore[attr-defined]
+    assert len(on_topic(s)) == 2 and len(webhook.bodies) == 2
