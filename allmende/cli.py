@@ -143,11 +143,20 @@ def replay(
         float | None, typer.Option(help="trace seconds per wall second (default: as fast as possible)")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="replay only the first N jobs", min=1)] = None,
+    idle_share: Annotated[
+        float,
+        typer.Option(
+            help="share of jobs replayed as idle placeholders (utilisation under 5 %)", min=0, max=1
+        ),
+    ] = 0.0,
+    seed: Annotated[
+        int, typer.Option(help="which jobs --idle-share picks (the same seed, the same jobs)")
+    ] = 0,
 ) -> None:
     """Turn a real trace into job lifecycle events on Kafka."""
     from allmende.kafka_topics import ensure_topics
     from allmende.replay import make_producer, publish, timeline
-    from domain.traces import TraceFormat, TraceStats, read_trace
+    from domain.traces import TraceFormat, TraceStats, read_trace, with_idle_placeholders
 
     try:
         fmt = TraceFormat(format)
@@ -156,7 +165,11 @@ def replay(
     s = _settings()
     ensure_topics(s)
     stats = TraceStats()
-    jobs = list(read_trace(path, fmt, cluster=cluster, limit=limit, stats=stats))
+    jobs = list(
+        with_idle_placeholders(
+            read_trace(path, fmt, cluster=cluster, limit=limit, stats=stats), idle_share, seed
+        )
+    )
     if not jobs:
         raise typer.BadParameter(f"no jobs found in {path}" + (f" for cluster {cluster}" if cluster else ""))
     expected = sum(max(0, (j.duration_s - 1) // sample_every) + 3 for j in jobs)
@@ -185,6 +198,7 @@ def replay(
         f"{len(jobs)} jobs, {sent} events in {seconds:.1f}s ({sent / max(seconds, 1e-9):,.0f}/s); "
         f"trace total {gpu_seconds:,} GPU-seconds ({gpu_seconds / 3600:,.1f} GPU-hours)"
         + (f"; skipped {stats.skipped_no_gpu} rows without GPUs" if stats.skipped_no_gpu else "")
+        + (f"; {idle} idle placeholders" if (idle := sum(j.utilization < 1.0 for j in jobs)) else "")
     )
 
 
@@ -282,7 +296,8 @@ def demo(
     console.rule("the quarter plan")
     budget_apply(plan)
     console.rule("the trace")
-    replay(trace, "elasticflow", cluster=cluster, sample_every=600, speed=None, limit=None)
+    # A few idle placeholders, so the dashboards have squatting to show.
+    replay(trace, "elasticflow", cluster=cluster, sample_every=600, speed=None, limit=None, idle_share=0.05)
     s = Settings()
     project = f"ef-{cluster}"
     expected = sum(j.gpu_seconds for j in read_trace(trace, TraceFormat.ELASTICFLOW, cluster=cluster))

@@ -146,6 +146,8 @@ def post(
                 piece_start=entry.interval_start,
                 piece_end=entry.interval_end,
                 gpu_seconds=0,
+                # The entry as it was posted: a reversal read back from the ledger needs it whole.
+                utilization_bp=entry.utilization_bp,
             )
         )
         rows.extend(_usage_rows(entry, PostingKind.USAGE, timeline))

@@ -19,8 +19,8 @@ import csv
 import hashlib
 import io
 import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -70,6 +70,7 @@ class TraceJob:
     start_at: int
     duration_s: int
     status: FinishStatus
+    utilization: float = 1.0  # every usage sample's GPU utilisation (the traces carry none)
 
     @property
     def gpu_seconds(self) -> int:
@@ -185,7 +186,7 @@ def job_events(job: TraceJob, sample_every_s: int) -> Iterator[JobEvent]:
             event_id=f"{job.job_id}:sample:{n}",
             occurred_at=job.start_at + n * sample_every_s,
             gpus_in_use=job.gpus,
-            gpu_utilization=1.0,
+            gpu_utilization=job.utilization,
             **common,
         )
         n += 1
@@ -196,3 +197,27 @@ def job_events(job: TraceJob, sample_every_s: int) -> Iterator[JobEvent]:
         started_at=job.start_at,
         **common,
     )
+
+
+PLACEHOLDER_UTILIZATION = (0.0, 0.04)  # an idle placeholder's utilisation: under the 5 % threshold
+
+
+def _unit(seed: int, job_id: str, what: str) -> float:
+    """A number in [0, 1) from the seed and the job id alone: the same job is chosen whatever the
+    order, the limit or the other jobs of the replay."""
+    digest = hashlib.blake2b(f"{seed}:{what}:{job_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest) / 2**64
+
+
+def with_idle_placeholders(jobs: Iterable[TraceJob], share: float, seed: int = 0) -> Iterator[TraceJob]:
+    """Make `share` of the jobs idle placeholders (squatters): their samples report a utilisation
+    in PLACEHOLDER_UTILIZATION, rounded to whole percent; the other jobs run at 100 %. A trace
+    records no utilisation, so this is how a replay shows what idle GPUs cost."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"idle share must be between 0 and 1, got {share}")
+    low, high = PLACEHOLDER_UTILIZATION
+    for job in jobs:
+        if share > 0 and _unit(seed, job.job_id, "idle") < share:
+            utilization = round(low + (high - low) * _unit(seed, job.job_id, "utilization"), 2)
+            job = replace(job, utilization=utilization)
+        yield job

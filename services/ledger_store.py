@@ -106,7 +106,7 @@ class LedgerStore:
         rows = self.db.rows(
             "SELECT entry_id, job_id, argMax(tuple(version, interval_start, interval_end, gpus,"
             " project, user, cluster, gpu_type, priority_class, interactive, source_event_id,"
-            " pred_event_id), tuple(version, pred_event_id)) FROM {db}.ledger_postings"
+            " pred_event_id, utilization_bp), tuple(version, pred_event_id)) FROM {db}.ledger_postings"
             " WHERE kind = 'revision' AND job_id IN {ids:Array(String)}"
             " GROUP BY entry_id, job_id",
             {"ids": ids},
@@ -128,6 +128,7 @@ class LedgerStore:
                 interactive=bool(t[9]),
                 source_event_id=t[10],
                 pred_event_id=t[11],
+                utilization_bp=int(t[12]),
             )
         return found
 
@@ -195,6 +196,14 @@ class LedgerStore:
     def job_gpu_seconds(self) -> dict[str, int]:
         rows = self.db.rows(
             "SELECT job_id, sum(gpu_seconds) FROM {db}.ledger_postings"
+            " WHERE kind != 'revision' GROUP BY job_id"
+        )
+        return {j: int(s) for j, s in rows}
+
+    def job_idle_units(self) -> dict[str, int]:
+        """Idle GPU-seconds x 10,000 per job (`domain.postings.idle_units`), from the postings."""
+        rows = self.db.rows(
+            "SELECT job_id, sum(idle_units) FROM {db}.ledger_postings"
             " WHERE kind != 'revision' GROUP BY job_id"
         )
         return {j: int(s) for j, s in rows}

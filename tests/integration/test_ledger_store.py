@@ -23,24 +23,27 @@ pytestmark = pytest.mark.integration
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
-def _job_entries(job_id: str, project: str, gpus: int, hours: int, user: str = "ada") -> list[bytes]:
-    """Entry records for a job that ran `hours` with one sample per hour."""
+def _job_entries(
+    job_id: str, project: str, gpus: int, hours: int, user: str = "ada", submitted: bool = True
+) -> list[bytes]:
+    """Entry records for a job that ran `hours` with one sample per hour at 50 % utilisation
+    (without its JobSubmitted: the unattributed first versions)."""
     common = {"producer": "test", "job_id": job_id}
     meter = JobMeter(job_id)
-    meter.apply(
-        JobSubmitted(
-            event_id=f"{job_id}:s",
-            occurred_at=T0,
-            project=project,
-            user=user,
-            cluster="c1",
-            gpu_type="H100",
-            gpus=gpus,
-            priority_class=PriorityClass.STANDARD,
-            requested_seconds=hours * 3600,
-            **common,
-        )
+    submission = JobSubmitted(
+        event_id=f"{job_id}:s",
+        occurred_at=T0,
+        project=project,
+        user=user,
+        cluster="c1",
+        gpu_type="H100",
+        gpus=gpus,
+        priority_class=PriorityClass.STANDARD,
+        requested_seconds=hours * 3600,
+        **common,
     )
+    if submitted:
+        meter.apply(submission)
     meter.apply(JobStarted(event_id=f"{job_id}:st", occurred_at=T0, gpus=gpus, **common))
     for h in range(1, hours):
         meter.apply(
@@ -85,6 +88,23 @@ def test_a_batch_delivered_again_after_a_crash_posts_nothing_twice(
     assert store.job_gpu_seconds() == {"job-a": 8 * 30 * 3600}
     assert [letter.stage for letter in letters] == ["ledger-writer"]
     assert letters[0].original_value() == b"{oops"
+
+
+def test_a_fresh_writer_revises_entries_read_back_from_the_ledger_idle_time_included(
+    settings: Settings, store: LedgerStore
+) -> None:
+    letters: list[DeadLetter] = []
+    # One writer posts a job's first versions (its JobSubmitted not yet known) ...
+    first = _job_entries("job-c", "olmo", 4, 6, submitted=False)
+    LedgerWriter(settings, store).post_batch(_records(first), letters.append)
+    # ... and one with an empty cache, as after a restart, revises them from what the ledger holds:
+    # each reversal must cancel exactly what its version posted, idle time included.
+    LedgerWriter(settings, store).post_batch(_records(_job_entries("job-c", "olmo", 4, 6)), letters.append)
+
+    assert not letters
+    assert store.job_gpu_seconds() == {"job-c": 4 * 6 * 3600}
+    assert store.job_idle_units() == {"job-c": 4 * 6 * 3600 * 5_000}
+    assert store.total_gpu_seconds("olmo") == 4 * 6 * 3600
 
 
 def test_a_projection_that_lost_inserts_is_rebuilt_from_the_postings(

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from allmende.kafka_local import free_port
 from allmende.replay import make_producer, publish, timeline
 from domain.metering import JobMeter
-from domain.traces import TraceFormat, TraceJob, job_events, read_trace
+from domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders
 from schemas.dead_letter import DeadLetter
 from schemas.events import JobEvent, encode_event
 from services.ledger_store import LedgerStore
@@ -27,7 +27,24 @@ SAMPLE_EVERY_S = 600
 
 
 def _jobs(tarball: Path, cluster: str, limit: int | None = None) -> list[TraceJob]:
-    return list(read_trace(tarball, TraceFormat.ELASTICFLOW, cluster=cluster, limit=limit))
+    """The trace's jobs, a fifth of them idle placeholders: idle time is metered as exactly."""
+    jobs = read_trace(tarball, TraceFormat.ELASTICFLOW, cluster=cluster, limit=limit)
+    return list(with_idle_placeholders(jobs, 0.2, seed=11))
+
+
+def _expected_idle(jobs: list[TraceJob]) -> dict[str, int]:
+    """Idle GPU-seconds x 10,000 per job, by the documented rule: every GPU-second at its sample's
+    utilisation; a job too short for any sample reported none and is busy throughout."""
+    idle = {}
+    for j in jobs:
+        if j.duration_s > SAMPLE_EVERY_S and j.utilization < 1.0:
+            idle[j.job_id] = j.gpu_seconds * (10_000 - round(j.utilization * 10_000))
+    return idle
+
+
+def _assert_idle_exact(store: LedgerStore, jobs: list[TraceJob]) -> None:
+    idle = {k: v for k, v in store.job_idle_units().items() if v}
+    assert idle == _expected_idle(jobs) and idle  # some placeholders ran long enough to sample
 
 
 def _expected_per_job(jobs: list[TraceJob]) -> dict[str, int]:
@@ -56,6 +73,7 @@ def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
 
     assert sum(ledger.values()) == sum(j.gpu_seconds for j in jobs)
     assert ledger == _expected_per_job(jobs)
+    _assert_idle_exact(store, jobs)
     assert store.reconcile().rebuilt is False  # the view kept pace with the postings
 
 
@@ -85,6 +103,7 @@ def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
     with contextlib.suppress(AssertionError):
         wait_until(lambda: store.current_entries(ids) == in_order, 60, "the entries to converge")
     assert store.current_entries(ids) == in_order
+    _assert_idle_exact(store, jobs)
 
 
 def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
@@ -108,6 +127,7 @@ def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
     producer.close()
 
     assert _wait_ledger(store, expected) == expected
+    _assert_idle_exact(store, jobs)
 
 
 def test_two_meter_workers_give_the_same_ledger_as_one(pipeline: Pipeline, elasticflow_tarball: Path) -> None:

@@ -22,6 +22,7 @@ from domain.traces import (
     job_events,
     project_for_user,
     read_trace,
+    with_idle_placeholders,
 )
 from schemas.events import (
     FinishStatus,
@@ -302,3 +303,62 @@ def test_job_events_refuses_a_non_positive_sample_interval(every: int) -> None:
     job = next(iter(_first_jobs(TraceFormat.PHILLY, None, 1)))
     with pytest.raises(ValueError, match="positive"):
         list(islice(job_events(job, every), 1))
+
+
+def _many_jobs(n: int) -> list[TraceJob]:
+    at = EPOCHS[TraceFormat.PHILLY]
+    return [
+        TraceJob(
+            job_id=f"j{i}",
+            project="p",
+            user="u",
+            cluster="c",
+            gpu_type="V100",
+            gpus=1 + i % 8,
+            submit_at=at + i,
+            start_at=at + i,
+            duration_s=600 + 37 * i,
+            status=FinishStatus.SUCCEEDED,
+        )
+        for i in range(n)
+    ]
+
+
+def test_idle_placeholders_are_a_share_of_the_jobs_chosen_by_seed_and_job_id_alone() -> None:
+    jobs = _many_jobs(4000)
+    chosen = {j.job_id for j in with_idle_placeholders(jobs, 0.1, seed=7) if j.utilization < 1.0}
+    assert 0.08 * len(jobs) < len(chosen) < 0.12 * len(jobs)
+    # The same seed picks the same jobs whatever the order or the slice replayed; another seed others.
+    backwards = {j.job_id for j in with_idle_placeholders(reversed(jobs), 0.1, seed=7) if j.utilization < 1.0}
+    first = {j.job_id for j in with_idle_placeholders(jobs[:500], 0.1, seed=7) if j.utilization < 1.0}
+    other = {j.job_id for j in with_idle_placeholders(jobs, 0.1, seed=8) if j.utilization < 1.0}
+    assert backwards == chosen and first == chosen & {j.job_id for j in jobs[:500]}
+    assert other != chosen
+    # A bigger share keeps the smaller one's jobs (it only adds): a tunable knob, not a reshuffle.
+    assert chosen <= {j.job_id for j in with_idle_placeholders(jobs, 0.2, seed=7) if j.utilization < 1.0}
+    assert all(j.utilization == 1.0 for j in with_idle_placeholders(jobs, 0.0))
+    assert all(j.utilization < 1.0 for j in with_idle_placeholders(jobs[:50], 1.0))
+
+
+def test_an_idle_placeholder_samples_under_the_squatting_threshold_and_meters_its_idle_time() -> None:
+    jobs = list(with_idle_placeholders(_many_jobs(300), 0.5, seed=1))
+    placeholders = [j for j in jobs if j.utilization < 1.0]
+    assert placeholders and all(0.0 <= j.utilization < 0.05 for j in placeholders)
+    for job in jobs:
+        events = list(job_events(job, 600))
+        samples = [e for e in events if isinstance(e, JobUsageSample)]
+        assert {s.gpu_utilization for s in samples} <= {job.utilization}
+        meter = JobMeter(job.job_id)
+        for event in events:
+            meter.apply(event)
+        assert meter.gpu_seconds() == job.gpu_seconds  # idle GPUs are charged all the same
+        # Every piece takes its sample's utilisation (the tail, the last sample's); a job too short
+        # for a sample reports none and counts as busy.
+        busy_bp = 10_000 if not samples else round(job.utilization * 10_000)
+        assert meter.idle_units() == job.gpu_seconds * (10_000 - busy_bp)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_an_idle_share_outside_zero_to_one_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match="idle share"):
+        list(with_idle_placeholders(_many_jobs(3), share))
