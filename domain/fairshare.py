@@ -29,13 +29,17 @@ highest first, and walked depth first; each leaf met gets a rank counting down f
 leaves, and its factor is rank / leaves, so the top leaf gets 1.0. Slurm's tie rules hold: sibling
 leaves with equal LF share a rank; sibling accounts with equal LF are merged (their children sorted
 together as one account); a leaf with the same LF as a following sibling account shares its rank
-with that account's first leaf. One deliberate difference: a leaf with no effective shares (its own
-or an ancestor's shares are 0) gets factor 0 and takes no rank number, so it is ranked after every
-leaf with shares and does not push anyone down. An account's Fair Tree factor, which Slurm does not
-define, is the factor of the first leaf ranked inside it (inside its merged group when it is tied),
-so tied accounts share it the way tied leaves share a rank: an account tied with a sibling account
-gets the group's factor even when it has no ranked leaf of its own (say its only leaf has 0 shares),
-and an account whose group has no ranked leaf gets 0.
+with that account's first leaf. Shares of 0 only make LF 0, as in Slurm (ZeroShares.RANKED, the
+default): such a node sorts after its siblings with shares, but it is walked and ranked like any
+other, since Slurm ranks every user association; the leaves below a 0-share account are sorted
+among themselves by their own LF, and every leaf gets at least 1 / leaves, never 0.
+ZeroShares.UNRANKED keeps this module's former rule instead: a leaf with no effective shares (its
+own or an ancestor's shares are 0) gets factor 0 and takes no rank number, so every leaf that
+Slurm ranks after it moves up one rank. An account's Fair Tree factor, which Slurm does not define,
+is the factor of the first leaf ranked inside it (inside its merged group when it is tied), so
+tied accounts share it the way tied leaves share a rank. With UNRANKED, an account tied with a
+sibling account gets the group's factor even when it has no ranked leaf of its own (say its only
+leaf has 0 shares), and an account whose group has no ranked leaf gets 0.
 
 Decay. Usage decays by 2^(-dt/half_life), computed as whole half-lives (an exact power of two) times
 2^(-rest/half_life), so it halves exactly at every half-life and the same events in the same order
@@ -78,6 +82,18 @@ class UsageInvalid(ValueError):
 class Algorithm(StrEnum):
     CLASSIC = "classic"
     FAIR_TREE = "fair_tree"
+
+
+class ZeroShares(StrEnum):
+    """How Fair Tree ranks a leaf without effective shares (its own or an ancestor's are 0).
+
+    RANKED is Slurm's rule and the default: LF 0 sorts the node after its siblings with shares,
+    and it is ranked like any other leaf. UNRANKED is the former rule of this module: factor 0 and
+    no rank number, so the leaves Slurm ranks after it each move up one rank. Classic ignores it.
+    """
+
+    RANKED = "ranked"
+    UNRANKED = "unranked"
 
 
 # -- checks and decay ----------------------------------------------------------------------------
@@ -299,10 +315,16 @@ class ShareTree:
                 ratio[i] = raw[i] / level_shares[p] if level_shares[p] else 0.0
                 norm_shares[i] = norm_shares[p] * ratio[i]
                 positive[i] = positive[p] and raw[i] > 0
-        ranked_leaves = [int(leaf[i] and positive[i]) for i in range(n)]
-        for i in range(n - 1, 0, -1):
-            if not (raw[i] == _PARENT_RAW and not leaf[i]):
-                ranked_leaves[fs_parent[i]] += ranked_leaves[i]
+        # The leaves that take a rank in each fs subtree (1 or 0 for a leaf itself): all of them
+        # (Slurm), or only those with effective shares (ZeroShares.UNRANKED).
+        ranked_leaves = {
+            ZeroShares.RANKED: [int(leaf[i]) for i in range(n)],
+            ZeroShares.UNRANKED: [int(leaf[i] and positive[i]) for i in range(n)],
+        }
+        for counts in ranked_leaves.values():
+            for i in range(n - 1, 0, -1):
+                if not (raw[i] == _PARENT_RAW and not leaf[i]):
+                    counts[fs_parent[i]] += counts[i]
 
         self._parent = parent
         self._children = [tuple(kids) for kids in children]
@@ -316,7 +338,7 @@ class ShareTree:
         self._ratio = ratio
         self._norm_shares = norm_shares
         self._positive = positive
-        self._ranked_leaves = ranked_leaves  # leaves with effective shares in the fs subtree
+        self._ranked_leaves = ranked_leaves
         self._leaf_count = sum(leaf)
         self._accounts = [i for i in range(n) if fs_children[i]]
         self._parent_accounts = [i for i in range(1, n) if raw[i] == _PARENT_RAW and not leaf[i]]
@@ -596,11 +618,14 @@ def _tied(level_fs: Sequence[float], entries: Sequence[int], index: int, tied_in
     return tied_in if index == 0 else level_fs[entries[index - 1]] == level_fs[entries[index]]
 
 
-def _rank_all(tree: ShareTree, level_fs: Sequence[float], ordered: Sequence[Sequence[int]]) -> list[float]:
-    """Slurm's _calc_tree_fs over the whole tree: every node's factor."""
+def _rank_all(
+    tree: ShareTree, level_fs: Sequence[float], ordered: Sequence[Sequence[int]], ranked: Sequence[int]
+) -> list[float]:
+    """Slurm's _calc_tree_fs over the whole tree: every node's factor. `ranked[leaf]` says whether
+    a leaf takes a rank (always, as in Slurm, unless ZeroShares.UNRANKED leaves it out)."""
     factors = [0.0] * len(tree)
     leaves = tree._leaf_count
-    is_leaf, positive = tree._leaf, tree._positive
+    is_leaf = tree._leaf
     rank = rnt = leaves
     pending = [0]  # accounts (and the root) waiting for the first leaf ranked inside them
 
@@ -614,7 +639,7 @@ def _rank_all(tree: ShareTree, level_fs: Sequence[float], ordered: Sequence[Sequ
             tied = account_tied if i == 0 else previous == level
             previous = level
             if is_leaf[node]:
-                if positive[node]:
+                if ranked[node]:
                     if not tied:
                         rank = rnt
                     factor = rank / leaves
@@ -649,9 +674,11 @@ def _fair_tree_levels(tree: ShareTree, units: Sequence[int]) -> tuple[list[float
     return level_fs, ordered
 
 
-def _fair_tree(tree: ShareTree, units: Sequence[int], to_seconds: Callable[[int], float]) -> FairShareResult:
+def _fair_tree(
+    tree: ShareTree, units: Sequence[int], to_seconds: Callable[[int], float], zero_shares: ZeroShares
+) -> FairShareResult:
     level_fs, ordered = _fair_tree_levels(tree, units)
-    factors = _rank_all(tree, level_fs, ordered)
+    factors = _rank_all(tree, level_fs, ordered, tree._ranked_leaves[zero_shares])
     fs_parent = tree._fs_parent
     norm_usage = _normalised(units)
     level_usage = norm_usage[:1] + [
@@ -669,18 +696,24 @@ def _fair_tree(tree: ShareTree, units: Sequence[int], to_seconds: Callable[[int]
     )
 
 
-def fair_tree_fairshare(tree: ShareTree, leaf_usage: Mapping[str, float]) -> FairShareResult:
+def fair_tree_fairshare(
+    tree: ShareTree, leaf_usage: Mapping[str, float], *, zero_shares: ZeroShares = ZeroShares.RANKED
+) -> FairShareResult:
     """Slurm's Fair Tree fair share for every node; `leaf_usage` maps leaf ids to GPU-seconds."""
-    return _fair_tree(tree, _leaf_units(tree, leaf_usage), _units_to_seconds)
+    return _fair_tree(tree, _leaf_units(tree, leaf_usage), _units_to_seconds, ZeroShares(zero_shares))
 
 
 def compute_fairshare(
-    tree: ShareTree, leaf_usage: Mapping[str, float], algorithm: Algorithm = Algorithm.FAIR_TREE
+    tree: ShareTree,
+    leaf_usage: Mapping[str, float],
+    algorithm: Algorithm = Algorithm.FAIR_TREE,
+    *,
+    zero_shares: ZeroShares = ZeroShares.RANKED,
 ) -> FairShareResult:
     """Either algorithm by name: Fair Tree is Slurm's default since 19.05."""
     if Algorithm(algorithm) is Algorithm.CLASSIC:
         return classic_fairshare(tree, leaf_usage)
-    return fair_tree_fairshare(tree, leaf_usage)
+    return fair_tree_fairshare(tree, leaf_usage, zero_shares=zero_shares)
 
 
 # -- incremental ---------------------------------------------------------------------------------
@@ -732,9 +765,13 @@ class FairShareState:
         algorithm: Algorithm = Algorithm.FAIR_TREE,
         half_life: int = DEFAULT_HALF_LIFE,
         resets: Iterable[int] = (),
+        *,
+        zero_shares: ZeroShares = ZeroShares.RANKED,
     ) -> None:
         self._tree = tree
         self._algorithm = Algorithm(algorithm)
+        self._zero_shares = ZeroShares(zero_shares)
+        self._ranked = tree._ranked_leaves[self._zero_shares]  # Fair Tree: leaves taking a rank
         self._half_life = _check_half_life(half_life)
         self._resets = _check_resets(resets)
         self._units = [0] * len(tree)
@@ -750,6 +787,10 @@ class FairShareState:
     @property
     def algorithm(self) -> Algorithm:
         return self._algorithm
+
+    @property
+    def zero_shares(self) -> ZeroShares:
+        return self._zero_shares
 
     @property
     def clock(self) -> int | None:
@@ -799,7 +840,7 @@ class FairShareState:
         units, to_seconds = self._units_at(at), self._seconds_at(at)
         if self._algorithm is Algorithm.CLASSIC:
             return _classic(self._tree, units, to_seconds)
-        return _fair_tree(self._tree, units, to_seconds)
+        return _fair_tree(self._tree, units, to_seconds, self._zero_shares)
 
     # time and scale
 
@@ -891,13 +932,15 @@ class FairShareState:
         tree = self._tree
         if tree._raw[i] == _PARENT_RAW and not tree._leaf[i]:
             i = tree._fs_parent[i]
+        ranked = self._ranked
         if i == 0:  # the first ranked leaf always has the top rank
-            return 1.0 if tree._ranked_leaves[0] else 0.0
-        # A leaf without effective shares takes no rank. So does an account without them: its LF
-        # is 0 (or an ancestor's is), and every account tied with it at 0 has no shares either.
-        # An account with shares but no ranked leaf of its own may still be tied with a sibling
-        # account that has one, and then shares that group's factor: only the walk can tell.
-        if not tree._positive[i] or (tree._leaf[i] and not tree._ranked_leaves[i]):
+            return 1.0 if ranked[0] else 0.0
+        # Only ZeroShares.UNRANKED leaves anything unranked. There a leaf without effective shares
+        # takes no rank, and neither does an account without them: its LF is 0 (or an ancestor's
+        # is), and every account tied with it at 0 has no shares either. An account with shares
+        # but no ranked leaf of its own may still be tied with a sibling account that has one,
+        # and then shares that group's factor: only the walk can tell.
+        if not ranked[i] and (tree._leaf[i] or not tree._positive[i]):
             return 0.0
         frames = self._frames_to(i)
         if not tree._leaf[i] and not self._descend_to_first_leaf(frames):
@@ -927,7 +970,7 @@ class FairShareState:
     def _descend_to_first_leaf(self, frames: list[_Frame]) -> bool:
         """Extend frames ending at an account run down to the first ranked leaf inside it (inside
         the run's merged group); False, frames unchanged, if the run has no ranked leaf at all."""
-        tree, level_fs, ranked = self._tree, self._level_fs, self._tree._ranked_leaves
+        tree, level_fs, ranked = self._tree, self._level_fs, self._ranked
         entries, start, tied_in = frames[-1]
         end = _run_end(tree, level_fs, entries, start)
         if not any(ranked[node] for node in entries[start:end]):
@@ -945,7 +988,7 @@ class FairShareState:
 
     def _rank(self, frames: list[_Frame]) -> int:
         """Slurm's rank for the leaf the frames end at: that of the head of its tie chain."""
-        level_fs, ranked = self._level_fs, self._tree._ranked_leaves
+        level_fs, ranked = self._level_fs, self._ranked
         depth = len(frames) - 1
         entries, index, tied_in = frames[depth]
         while True:

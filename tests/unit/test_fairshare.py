@@ -18,6 +18,7 @@ from domain.fairshare import (
     ShareTree,
     ShareTreeInvalid,
     UsageInvalid,
+    ZeroShares,
     aggregate_usage,
     classic_fairshare,
     compute_fairshare,
@@ -329,22 +330,152 @@ def test_fair_tree_gives_a_user_tied_with_a_sibling_account_the_rank_of_that_acc
     assert (result.factor("u"), result.factor("a2"), result.factor("a1")) == pytest.approx((1.0, 1.0, 1 / 3))
 
 
-def test_fair_tree_gives_zero_to_a_leaf_without_shares_without_pushing_anyone_down() -> None:
-    # A is better served than B (LF 1.5 against 0.75), so a1 is first. a0 has no shares: factor 0,
-    # and it takes no rank number, so b1 gets rank 2 of the 3 leaves (2/3) rather than rank 1.
-    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("a1", "A", 1), ("B", "root", 1), ("b1", "B", 1))
-    result = fair_tree_fairshare(tree, {"a1": 5.0, "b1": 10.0})
+ZERO_SHARE_LEAF = tree_of(("A", "root", 1), ("a0", "A", 0), ("a1", "A", 1), ("B", "root", 1), ("b1", "B", 1))
+
+
+def test_fair_tree_ranks_a_leaf_without_shares_after_its_siblings_and_still_counts_it() -> None:
+    # A is better served than B (LF 0.5/(5/15) = 1.5 against 0.5/(10/15) = 0.75), so A's leaves
+    # come first: a1 (LF 1) on top, then a0, whose 0 shares make its LF 0. As in Slurm, a0 still
+    # takes a rank, 2 of 3, so b1 gets rank 1.
+    result = fair_tree_fairshare(ZERO_SHARE_LEAF, {"a1": 5.0, "b1": 10.0})
+    assert result.row("a0").level_fs == 0.0
+    assert (result.factor("a1"), result.factor("a0"), result.factor("b1")) == (3 / 3, 2 / 3, 1 / 3)
+
+
+def test_zero_shares_unranked_gives_a_leaf_without_shares_zero_and_moves_the_leaves_after_it_up() -> None:
+    # The former rule, kept behind ZeroShares.UNRANKED: a0 gets 0 and takes no rank number, so b1
+    # gets rank 2 of the 3 leaves (2/3) where Slurm gives it rank 1.
+    result = fair_tree_fairshare(ZERO_SHARE_LEAF, {"a1": 5.0, "b1": 10.0}, zero_shares=ZeroShares.UNRANKED)
     assert result.factor("a0") == 0.0
     assert result.row("a0").level_fs == 0.0
-    assert (result.factor("a1"), result.factor("b1")) == pytest.approx((1.0, 2 / 3))
+    assert (result.factor("a1"), result.factor("b1")) == (3 / 3, 2 / 3)
     assert [row.node_id for row in result.ranked()][-1] == "a0"
 
 
-def test_fair_tree_gives_zero_to_every_leaf_below_an_account_without_shares() -> None:
-    tree = tree_of(("A", "root", 1), ("a1", "A", 1), ("Z", "root", 0), ("z1", "Z", 1), ("z2", "Z", 3))
-    result = fair_tree_fairshare(tree, {"a1": 5.0})
+ZERO_SHARE_ACCOUNT = tree_of(
+    ("A", "root", 1), ("a1", "A", 1), ("Z", "root", 0), ("z1", "Z", 1), ("z2", "Z", 3)
+)
+
+
+def test_fair_tree_ranks_the_leaves_below_an_account_without_shares_by_their_own_level_fair_share() -> None:
+    # Z's 0 shares make its LF 0, so A (LF 1/(5/10) = 2) comes first: a1 rank 3 of 3. Inside Z
+    # the shares are z1's 1 and z2's 3: z2 has no usage (LF inf) and ranks 2, z1 (LF 0.25/1) 1.
+    result = fair_tree_fairshare(ZERO_SHARE_ACCOUNT, {"a1": 5.0, "z1": 5.0})
+    assert result.row("Z").level_fs == 0.0
+    assert (result.row("z1").level_fs, result.row("z2").level_fs) == (0.25, math.inf)
+    assert (result.factor("a1"), result.factor("z2"), result.factor("z1")) == (3 / 3, 2 / 3, 1 / 3)
+    assert result.factor("Z") == 2 / 3  # its first ranked leaf's
+
+
+def test_zero_shares_unranked_gives_zero_to_every_leaf_below_an_account_without_shares() -> None:
+    result = fair_tree_fairshare(ZERO_SHARE_ACCOUNT, {"a1": 5.0, "z1": 5.0}, zero_shares=ZeroShares.UNRANKED)
     assert (result.factor("Z"), result.factor("z1"), result.factor("z2")) == (0.0, 0.0, 0.0)
     assert result.factor("a1") == 1.0
+
+
+# Slurm's Fair Tree with 0 shares, worked by hand. Raw shares in brackets, usage in GPU-seconds:
+#
+#   root (usage 100)
+#   +- A [60]  usage 40: a1 [1] 10, a2 [1] 20, a0 [0] 10
+#   +- B [30]  usage 25: b1 [1] 15, Z [0] (usage 10: z1 [1] 10, z2 [3] 0)
+#   +- D [10]  usage 35: d1 [1] 35
+#
+# LF = S / U, S = raw / siblings' raw, U = usage / parent's usage, 0 when S is 0 (fair_tree.c,
+# _calc_assoc_fs):
+#   root's children: A 0.6/0.40 = 1.5;  B 0.3/0.25 = 1.2;  D 0.1/0.35 = 0.286  -> A, B, D
+#   in A (shares 1+1+0): a1 0.5/0.25 = 2;  a2 0.5/0.5 = 1;  a0 S = 0 -> 0       -> a1, a2, a0
+#   in B (shares 1+0):   b1 1/0.6 = 1.67;  Z S = 0 -> 0                          -> b1, Z
+#   in Z (shares 1+3):   z2 0.75/0 = inf;  z1 0.25/1 = 0.25                      -> z2, z1
+#   in D:                d1 1/1 = 1
+# Depth first, each leaf takes the next rank down from 7 (the number of leaves), factor rank / 7:
+#   a1 7, a2 6, a0 5, b1 4, z2 3, z1 2, d1 1.
+# The former rule (ZeroShares.UNRANKED) gave a0, z2 and z1 0 and no rank, which moved the leaves
+# after them up: b1 5/7 instead of 4/7, d1 4/7 instead of 1/7.
+SLURM_ZERO_SHARES = tree_of(
+    ("A", "root", 60),
+    ("a1", "A", 1),
+    ("a2", "A", 1),
+    ("a0", "A", 0),
+    ("B", "root", 30),
+    ("b1", "B", 1),
+    ("Z", "B", 0),
+    ("z1", "Z", 1),
+    ("z2", "Z", 3),
+    ("D", "root", 10),
+    ("d1", "D", 1),
+)
+SLURM_ZERO_SHARES_USAGE = {"a1": 10.0, "a2": 20.0, "a0": 10.0, "b1": 15.0, "z1": 10.0, "z2": 0.0, "d1": 35.0}
+SLURM_ZERO_SHARES_RANKS = {"a1": 7, "a2": 6, "a0": 5, "b1": 4, "z2": 3, "z1": 2, "d1": 1}
+
+
+def zero_shares_state(zero_shares: ZeroShares) -> FairShareState:
+    state = FairShareState(SLURM_ZERO_SHARES, Algorithm.FAIR_TREE, half_life=0, zero_shares=zero_shares)
+    for leaf, amount in SLURM_ZERO_SHARES_USAGE.items():
+        state.add_usage(leaf, amount, T0)
+    return state
+
+
+def test_fair_tree_ranks_zero_share_users_and_accounts_last_among_their_siblings_as_slurm_does() -> None:
+    result = fair_tree_fairshare(SLURM_ZERO_SHARES, SLURM_ZERO_SHARES_USAGE)
+    levels = {
+        "A": 1.5,
+        "B": 1.2,
+        "D": 0.1 / 0.35,
+        "a1": 2,
+        "a2": 1,
+        "a0": 0,
+        "b1": 1 / 0.6,
+        "Z": 0,
+        "z1": 0.25,
+    }
+    assert {node: result.row(node).level_fs for node in levels} == pytest.approx(levels)
+    assert result.row("z2").level_fs == math.inf
+    expected = {leaf: rank / 7 for leaf, rank in SLURM_ZERO_SHARES_RANKS.items()}
+    expected |= {"root": 7 / 7, "A": 7 / 7, "B": 4 / 7, "Z": 3 / 7, "D": 1 / 7}  # first leaf ranked inside
+    assert result.factor_map() == expected
+    assert [row.node_id for row in result.ranked()] == ["a1", "a2", "a0", "b1", "z2", "z1", "d1"]
+    state = zero_shares_state(ZeroShares.RANKED)
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
+def test_zero_shares_unranked_moves_the_leaves_ranked_after_zero_share_nodes_up() -> None:
+    expected = {"a1": 7 / 7, "a2": 6 / 7, "a0": 0.0, "b1": 5 / 7, "z2": 0.0, "z1": 0.0, "d1": 4 / 7}
+    expected |= {"root": 7 / 7, "A": 7 / 7, "B": 5 / 7, "Z": 0.0, "D": 4 / 7}
+    unranked = fair_tree_fairshare(
+        SLURM_ZERO_SHARES, SLURM_ZERO_SHARES_USAGE, zero_shares=ZeroShares.UNRANKED
+    )
+    assert unranked.factor_map() == expected
+    state = zero_shares_state(ZeroShares.UNRANKED)
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
+def test_a_zero_share_user_and_a_zero_share_sibling_account_tie_at_level_fair_share_zero() -> None:
+    # Usage a1 10, u0 10, z1 10, b1 100 (root 130). Root: A 0.5/(30/130) = 2.17 before B
+    # 0.5/(100/130) = 0.65. In A (shares 1+0+0+0): a1 1/(10/30) = 3, then u0, v0 and Z, all LF 0:
+    # leaves before accounts, so u0, v0, Z. 6 leaves, ranks from 6 down (fair_tree.c, _calc_tree_fs):
+    #   a1 6;  u0 5 (not tied with a1);  v0 tied with u0: 5 too;
+    #   Z tied with v0 (a user tied with a sibling account shares its first user's rank): in Z,
+    #   z2 (no usage, inf) comes first and takes the rank it inherits, 5; z1 (0.5/1) gets 2, as
+    #   every user counted (a1, u0, v0, z2) took a number;  then B: b1 1.
+    tree = tree_of(
+        ("A", "root", 1),
+        ("a1", "A", 1),
+        ("u0", "A", 0),
+        ("v0", "A", 0),
+        ("Z", "A", 0),
+        ("z1", "Z", 1),
+        ("z2", "Z", 1),
+        ("B", "root", 1),
+        ("b1", "B", 1),
+    )
+    usage = {"a1": 10.0, "u0": 10.0, "z1": 10.0, "b1": 100.0}
+    expected = {"a1": 6 / 6, "u0": 5 / 6, "v0": 5 / 6, "z2": 5 / 6, "z1": 2 / 6, "b1": 1 / 6}
+    expected |= {"root": 6 / 6, "A": 6 / 6, "Z": 5 / 6, "B": 1 / 6}
+    assert fair_tree_fairshare(tree, usage).factor_map() == expected
+    state = FairShareState(tree, Algorithm.FAIR_TREE, half_life=0)
+    for leaf, amount in usage.items():
+        state.add_usage(leaf, amount, T0)
+    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_fair_tree_ranks_a_parent_shares_leaf_at_the_top_of_its_parent_which_is_the_parents_factor() -> None:
@@ -366,11 +497,15 @@ def test_fair_tree_ranks_a_parent_shares_leaf_at_the_top_of_its_parent_which_is_
 
 
 def test_fair_tree_ties_everyone_at_the_top_when_nobody_has_used_anything() -> None:
+    # Everyone with shares ties at LF inf; "elsewhere" (0 shares, LF 0) comes after them, and as
+    # all five above it took a rank number, it gets the last: 1 of 6.
     result = fair_tree_fairshare(EXAMPLE, {})
     assert {row.node_id: row.factor for row in result.ranked()} == {
         **dict.fromkeys(["User1", "User2", "User3", "User4", "User5"], 1.0),
-        "elsewhere": 0.0,
+        "elsewhere": 1 / 6,
     }
+    unranked = fair_tree_fairshare(EXAMPLE, {}, zero_shares=ZeroShares.UNRANKED)
+    assert unranked.factor("User1") == 1.0 and unranked.factor("elsewhere") == 0.0
 
 
 def test_fair_tree_on_the_classic_example_follows_the_level_fair_shares() -> None:
@@ -384,7 +519,7 @@ def test_fair_tree_on_the_classic_example_follows_the_level_fair_shares() -> Non
         "User2",
         "elsewhere",
     ]
-    assert result.factor("User5") == 1.0 and result.factor("elsewhere") == 0.0
+    assert [row.factor for row in result.ranked()] == [6 / 6, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6]
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -408,6 +543,19 @@ def test_aggregate_usage_sums_the_leaves_below_every_node() -> None:
 def test_compute_fairshare_selects_the_algorithm_by_name() -> None:
     assert compute_fairshare(EXAMPLE, EXAMPLE_USAGE, Algorithm("classic")).algorithm is Algorithm.CLASSIC
     assert compute_fairshare(EXAMPLE, EXAMPLE_USAGE).algorithm is Algorithm.FAIR_TREE
+
+
+def test_the_zero_shares_rule_is_chosen_by_name_and_classic_ignores_it() -> None:
+    unranked = compute_fairshare(EXAMPLE, EXAMPLE_USAGE, zero_shares=ZeroShares("unranked"))
+    assert unranked.factor("elsewhere") == 0.0
+    assert compute_fairshare(EXAMPLE, EXAMPLE_USAGE).factor("elsewhere") == 1 / 6
+    classic = [
+        compute_fairshare(EXAMPLE, EXAMPLE_USAGE, Algorithm.CLASSIC, zero_shares=z) for z in ZeroShares
+    ]
+    assert classic[0] == classic[1]
+    assert FairShareState(EXAMPLE).zero_shares is ZeroShares.RANKED
+    with pytest.raises(ValueError, match="is not a valid ZeroShares"):
+        FairShareState(EXAMPLE, zero_shares="none")  # type: ignore[arg-type]
 
 
 # -- decayed usage -------------------------------------------------------------------------------
@@ -518,47 +666,87 @@ def incremental_factors(state: FairShareState) -> dict[str, float]:
     return {node: state.factor(node) for node in state.tree.ids}
 
 
+# Accounts without a ranked leaf exist only under ZeroShares.UNRANKED (Slurm ranks every leaf):
+# the next three tests hold that rule's account factors, full and incremental, and the fourth
+# gives the same trees under Slurm's rule.
+UNRANKED = ZeroShares.UNRANKED
+ONLY_LEAF_WITHOUT_SHARES = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
+TIED_BELOW_C = tree_of(
+    ("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1), ("C", "root", 1), ("c1", "C", 1)
+)
+TIED_TWO_LEVELS = tree_of(
+    ("P", "root", 1), ("X", "P", 1), ("x0", "X", 0), ("Q", "root", 1), ("Y", "Q", 1), ("y1", "Y", 1)
+)
+
+
+def fair_tree_state(tree: ShareTree, usage: dict[str, float], zero_shares: ZeroShares) -> FairShareState:
+    state = FairShareState(tree, Algorithm.FAIR_TREE, zero_shares=zero_shares)
+    for leaf, amount in usage.items():
+        state.add_usage(leaf, amount, T0)
+    return state
+
+
 def test_an_account_whose_only_leaf_has_no_shares_gets_the_factor_of_the_account_it_is_tied_with() -> None:
-    # A's only leaf, a0, has 0 shares, so A has no ranked leaf of its own. With no usage A and B
-    # tie at LF inf, Slurm merges them, and b1 (rank 2 of 2) is the group's first ranked leaf:
-    # A shares its factor, as B does. The incremental state used to give A 0 here.
-    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
+    # Unranked: A's only leaf, a0, has 0 shares, so A has no ranked leaf of its own. With no usage
+    # A and B tie at LF inf, Slurm merges them, and b1 (rank 2 of 2) is the group's first ranked
+    # leaf: A shares its factor, as B does. The incremental state used to give A 0 here.
+    tree = ONLY_LEAF_WITHOUT_SHARES
     expected = {"root": 1.0, "A": 1.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
-    state = FairShareState(tree, Algorithm.FAIR_TREE)
-    assert fair_tree_fairshare(tree, {}).factor_map() == state.result().factor_map() == expected
-    assert incremental_factors(state) == expected
+    state = fair_tree_state(tree, {}, UNRANKED)
+    assert fair_tree_fairshare(tree, {}, zero_shares=UNRANKED).factor_map() == expected
+    assert state.result().factor_map() == incremental_factors(state) == expected
     # Equal usage keeps them tied below C (LF 1/3 / 1/2 each, C's inf): A gets b1's 2 of 3 leaves.
-    tree = tree_of(
-        ("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1), ("C", "root", 1), ("c1", "C", 1)
-    )
-    state = FairShareState(tree, Algorithm.FAIR_TREE)
-    state.add_usage("a0", 10.0, T0)
-    state.add_usage("b1", 10.0, T0)
+    tree, usage = TIED_BELOW_C, {"a0": 10.0, "b1": 10.0}
+    state = fair_tree_state(tree, usage, UNRANKED)
     expected = {"root": 1.0, "A": 2 / 3, "a0": 0.0, "B": 2 / 3, "b1": 2 / 3, "C": 1.0, "c1": 1.0}
-    assert fair_tree_fairshare(tree, {"a0": 10.0, "b1": 10.0}).factor_map() == expected
+    assert fair_tree_fairshare(tree, usage, zero_shares=UNRANKED).factor_map() == expected
     assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_an_account_without_a_ranked_leaf_gets_zero_once_no_sibling_account_is_tied_with_it() -> None:
-    # b1 uses something: B's LF drops to 0.5 while A's stays inf, so A is alone in its group,
-    # which has no ranked leaf.
-    tree = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
-    state = FairShareState(tree, Algorithm.FAIR_TREE)
-    state.add_usage("b1", 10.0, T0)
+    # Unranked: b1 uses something: B's LF drops to 0.5 while A's stays inf, so A is alone in its
+    # group, which has no ranked leaf.
+    tree, usage = ONLY_LEAF_WITHOUT_SHARES, {"b1": 10.0}
+    state = fair_tree_state(tree, usage, UNRANKED)
     expected = {"root": 1.0, "A": 0.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
-    assert fair_tree_fairshare(tree, {"b1": 10.0}).factor_map() == expected
+    assert fair_tree_fairshare(tree, usage, zero_shares=UNRANKED).factor_map() == expected
     assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_an_account_without_a_ranked_leaf_tied_inside_a_merged_group_gets_that_groups_factor() -> None:
-    # P and Q tie (no usage), so their children X and Y are sorted together, tie in turn and merge:
-    # y1 is the first ranked leaf, and X and P, with no ranked leaf of their own, share its factor.
-    tree = tree_of(
-        ("P", "root", 1), ("X", "P", 1), ("x0", "X", 0), ("Q", "root", 1), ("Y", "Q", 1), ("y1", "Y", 1)
-    )
-    state = FairShareState(tree, Algorithm.FAIR_TREE)
+    # Unranked: P and Q tie (no usage), so their children X and Y are sorted together, tie in turn
+    # and merge: y1 is the first ranked leaf, and X and P, with no ranked leaf of their own, share
+    # its factor.
+    tree = TIED_TWO_LEVELS
+    state = fair_tree_state(tree, {}, UNRANKED)
     expected = dict.fromkeys(tree.ids, 1.0) | {"x0": 0.0}
-    assert fair_tree_fairshare(tree, {}).factor_map() == expected
+    assert fair_tree_fairshare(tree, {}, zero_shares=UNRANKED).factor_map() == expected
+    assert state.result().factor_map() == incremental_factors(state) == expected
+
+
+@pytest.mark.parametrize(
+    ("tree", "usage", "expected"),
+    [
+        # A and B tie at inf and merge: b1 (inf) ranks 2 of 2, a0 (0 shares, LF 0) 1 of 2.
+        (ONLY_LEAF_WITHOUT_SHARES, {}, {"root": 1.0, "A": 1.0, "a0": 1 / 2, "B": 1.0, "b1": 1.0}),
+        # C (inf) first: c1 3 of 3. A and B tie at 2/3 and merge: b1 (LF 1) 2, a0 (LF 0) 1.
+        (
+            TIED_BELOW_C,
+            {"a0": 10.0, "b1": 10.0},
+            {"root": 1.0, "A": 2 / 3, "a0": 1 / 3, "B": 2 / 3, "b1": 2 / 3, "C": 1.0, "c1": 1.0},
+        ),
+        # A (inf) before B (0.5): a0, alone in A, ranks 2 of 2 whatever its shares; b1 1 of 2.
+        (ONLY_LEAF_WITHOUT_SHARES, {"b1": 10.0}, {"root": 1.0, "A": 1.0, "a0": 1.0, "B": 1 / 2, "b1": 1 / 2}),
+        # Everything ties and merges down to X and Y's leaves: y1 (inf) 2 of 2, x0 (LF 0) 1 of 2.
+        (TIED_TWO_LEVELS, {}, dict.fromkeys(TIED_TWO_LEVELS.ids, 1.0) | {"x0": 1 / 2}),
+    ],
+    ids=["tied at the top", "tied below another", "not tied", "tied two levels down"],
+)
+def test_under_slurms_rule_a_leaf_without_shares_takes_the_last_rank_of_its_group(
+    tree: ShareTree, usage: dict[str, float], expected: dict[str, float]
+) -> None:
+    state = fair_tree_state(tree, usage, ZeroShares.RANKED)
+    assert fair_tree_fairshare(tree, usage).factor_map() == expected
     assert state.result().factor_map() == incremental_factors(state) == expected
 
 
@@ -600,12 +788,14 @@ def histories(draw: st.DrawFn) -> tuple[ShareTree, int, list[tuple[str, float, i
 
 
 @PROPERTY
-@given(histories(), st.sampled_from(list(Algorithm)))
+@given(histories(), st.sampled_from(list(Algorithm)), st.sampled_from(list(ZeroShares)))
 def test_incremental_factors_equal_a_full_recompute_after_every_event(
-    history: tuple[ShareTree, int, list[tuple[str, float, int]]], algorithm: Algorithm
+    history: tuple[ShareTree, int, list[tuple[str, float, int]]],
+    algorithm: Algorithm,
+    zero_shares: ZeroShares,
 ) -> None:
     tree, half_life, events = history
-    state = FairShareState(tree, algorithm, half_life=half_life, resets=[1500])
+    state = FairShareState(tree, algorithm, half_life=half_life, resets=[1500], zero_shares=zero_shares)
     for leaf, amount, at in events:
         state.add_usage(leaf, amount, T0 + at)
         full = state.result()
@@ -640,12 +830,14 @@ def test_the_state_agrees_with_the_pure_functions_on_its_own_usage(
 
 
 @PROPERTY
-@given(trees(shares=st.sampled_from(list[Shares]([0, 1, 2, 5]))), st.data())
+@given(
+    trees(shares=st.sampled_from(list[Shares]([0, 1, 2, 5]))), st.data(), st.sampled_from(list(ZeroShares))
+)
 def test_fair_tree_ranks_all_leaves_of_a_better_served_account_above_those_of_its_sibling(
-    tree: ShareTree, data: st.DataObject
+    tree: ShareTree, data: st.DataObject, zero_shares: ZeroShares
 ) -> None:
     usage = {leaf: data.draw(AMOUNTS) for leaf in tree.leaves}
-    result = fair_tree_fairshare(tree, usage)
+    result = fair_tree_fairshare(tree, usage, zero_shares=zero_shares)
     accounts = [node for node in tree.ids if node != "root" and not tree.is_leaf(node)]
     for a in accounts:
         for b in accounts:
@@ -670,3 +862,77 @@ def test_fair_tree_gives_the_top_ranked_leaf_one_and_factors_only_from_ranks(
     if ranked:
         assert max(ranked) == 1.0
     assert all(round(f * len(factors)) == pytest.approx(f * len(factors)) for f in factors)
+    assert min(factors) >= 1 / len(factors)  # Slurm ranks every leaf, shares or not
+
+
+def slurm_fair_tree(tree: ShareTree, usage: dict[str, float]) -> dict[str, float]:
+    """A port of Slurm's Fair Tree walk (fair_tree.c: _calc_assoc_fs, _cmp_level_fs, _calc_tree_fs)
+    for trees without "parent" shares: every leaf's factor. Tied sibling accounts are merged as
+    _calc_tree_fs documents it (tie rule 2)."""
+    total = aggregate_usage(tree, usage)
+    users = len(tree.leaves)
+    level_fs: dict[str, float] = {}
+    factors: dict[str, float] = {}
+    rank = rnt = users
+
+    def calc_assoc_fs(node: str) -> None:
+        parent = tree.parent(node) or "root"
+        level_shares = sum(int(tree.shares(sibling)) for sibling in tree.children(parent))
+        s = int(tree.shares(node)) / level_shares if level_shares else 0.0
+        u = total[node] / total[parent] if total[parent] else 0.0
+        level_fs[node] = 0.0 if s == 0 else math.inf if u == 0 else s / u  # S == 0: the lowest LF
+
+    def calc_tree_fs(siblings: list[str], account_tied: bool) -> None:
+        nonlocal rank, rnt
+        for node in siblings:
+            calc_assoc_fs(node)
+        siblings = sorted(siblings, key=lambda n: (-level_fs[n], not tree.is_leaf(n)))  # users first
+        previous: float | None = None
+        i = 0
+        while i < len(siblings):
+            node = siblings[i]
+            tied = account_tied if i == 0 else previous == level_fs[node]
+            if tree.is_leaf(node):  # a user: shares or not, it gets the current rank
+                if not tied:
+                    rank = rnt
+                factors[node] = rank / users
+                rnt -= 1
+            else:
+                end = i + 1
+                while end < len(siblings) and not tree.is_leaf(siblings[end]):
+                    if level_fs[siblings[end]] != level_fs[node]:
+                        break
+                    end += 1
+                calc_tree_fs([child for a in siblings[i:end] for child in tree.children(a)], tied)
+                i = end - 1
+            previous = level_fs[node]
+            i += 1
+
+    calc_tree_fs(list(tree.children("root")), False)
+    return factors
+
+
+@PROPERTY
+@given(trees(shares=st.sampled_from(list[Shares]([0, 0, 1, 2, 3, 10]))), st.data())
+def test_fair_tree_gives_every_leaf_the_factor_slurms_walk_gives_it(
+    tree: ShareTree, data: st.DataObject
+) -> None:
+    # Whole GPU-seconds keep every sum exact, so both sides compute the same level fair shares.
+    usage = {leaf: float(data.draw(st.sampled_from([0, 0, 1, 2, 3, 5, 10, 3600]))) for leaf in tree.leaves}
+    result = fair_tree_fairshare(tree, usage)
+    assert {leaf: result.factor(leaf) for leaf in tree.leaves} == slurm_fair_tree(tree, usage)
+
+
+@PROPERTY
+@given(trees(), st.data())
+def test_unranked_zero_shares_keeps_the_order_of_the_other_leaves_and_only_moves_them_up(
+    tree: ShareTree, data: st.DataObject
+) -> None:
+    usage = {leaf: data.draw(AMOUNTS) for leaf in tree.leaves}
+    slurm = fair_tree_fairshare(tree, usage)
+    unranked = fair_tree_fairshare(tree, usage, zero_shares=ZeroShares.UNRANKED)
+    with_shares = [leaf for leaf in tree.leaves if unranked.factor(leaf) > 0]
+    for x in with_shares:
+        assert unranked.factor(x) >= slurm.factor(x)
+        for y in with_shares:
+            assert (slurm.factor(x) > slurm.factor(y)) == (unranked.factor(x) > unranked.factor(y))
