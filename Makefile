@@ -57,9 +57,10 @@ format: install
 schemas: install ## regenerate the JSON Schema files from the event models
 	$(PY) -m schemas.export
 
-bench: install jars ## benchmarks: end-to-end ingest (local broker), fair-share recompute
+bench: install jars ## benchmarks: end-to-end ingest (local broker), fair-share recompute, dashboard reads
 	$(PY) bench/ingest.py
 	$(PY) bench/fairshare.py
+	$(PY) bench/dashboard.py
 
 screenshots: install jars ## docs/screenshot-*.png: the dashboard pages on a replayed trace (headless chromium)
 	$(PY) docs/screenshots.py

@@ -317,6 +317,12 @@ def demo(
         console.print(f"Try: allmende {command} {project}")
     token = f"$(cat {local_admin_token_file(s)})"
     console.print(f'     curl -H "Authorization: Bearer {token}" {_api_url(s)}/v1/projects/{project}/balance')
+    console.rule("the dashboards")
+    console.print(
+        f"Dashboards: {_api_url(s)}/ui/overview   (a project's page: {_api_url(s)}/ui/projects/{project})"
+    )
+    # The sign-in form takes the token once and keeps it in an HttpOnly cookie, never in a URL.
+    console.print(f"Sign in with the local admin token: {token_for(s)}")
     console.print(f"API docs: {_api_url(s)}/docs   stop with: make down")
 
 

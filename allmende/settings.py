@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     interactive_max_hours: int = Field(default=8, ge=0)
 
     # Squatting: a job whose GPU utilisation stays under this share for longer than the grace
-    # period is flagged, with what it has cost so far (domain/squatting.py).
-    squat_max_utilization: float = Field(default=0.05, ge=0.0, le=1.0)
+    # period is flagged, with what it has cost so far (domain/squatting.py). At most 25 %: the
+    # ledger keeps the pieces under that apart for it (`low_pieces`).
+    squat_max_utilization: float = Field(default=0.05, ge=0.0, le=0.25)
     squat_grace_s: int = Field(default=1800, ge=0)
 
     # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`

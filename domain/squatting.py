@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 FULL_BP = 10_000  # utilisation 1.0 in basis points
 IDLE_UNITS_PER_GPU_SECOND = FULL_BP  # idle units = GPU-seconds x (10,000 - utilisation in bp)
@@ -25,9 +26,9 @@ class SquatRule:
         return cls(round(max_utilization * FULL_BP), grace_s)
 
 
-@dataclass(frozen=True, slots=True)
-class UsagePiece:
-    """A piece of a job's GPU time as the ledger holds it (current revision)."""
+class UsagePiece(NamedTuple):
+    """A piece of a job's GPU time as the ledger holds it (current revision). A named tuple: a
+    page builds thousands of them per request."""
 
     start: int
     end: int
@@ -49,14 +50,34 @@ class Squatting:
     ongoing: bool  # the job's latest piece is inside such a stretch
 
 
-def find_squatting(job_id: str, pieces: Sequence[UsagePiece], rule: SquatRule) -> Squatting | None:
+@dataclass(frozen=True, slots=True)
+class JobTotals:
+    """A job's GPU-seconds and charge so far, and the end of its latest piece."""
+
+    gpu_seconds: int
+    charge_units: int
+    last_end: int
+
+
+def find_squatting(
+    job_id: str, pieces: Sequence[UsagePiece], rule: SquatRule, totals: JobTotals | None = None
+) -> Squatting | None:
     """The job's squatting, or None. Pieces in any order; a stretch is a run of consecutive
     pieces (each starting where the previous ended) all under the threshold; a gap or a busy
     piece ends it. Flagged when a stretch lasts longer than `rule.grace_s` (strictly): each
-    stretch is judged alone, so a dip that recovers inside the grace period is never flagged."""
+    stretch is judged alone, so a dip that recovers inside the grace period is never flagged.
+
+    `pieces` may be the job's low pieces alone (any subset holding every piece under the
+    threshold: a missing piece breaks a stretch as a busy one does), with the job's `totals`
+    given; without them, the totals are the pieces'.
+    """
     valid = sorted((p for p in pieces if p.gpus > 0 and p.end > p.start), key=lambda p: (p.start, p.end))
     if not valid:
         return None
+    if totals is None:
+        totals = JobTotals(
+            sum(p.gpus * (p.end - p.start) for p in valid), sum(p.charge_units for p in valid), valid[-1].end
+        )
     stretches: list[list[UsagePiece]] = []
     current: list[UsagePiece] = []
     for piece in valid:
@@ -80,7 +101,8 @@ def find_squatting(job_id: str, pieces: Sequence[UsagePiece], rule: SquatRule) -
         idle_seconds=sum(s[-1].end - s[0].start for s in qualifying),
         idle_gpu_seconds=sum(p.gpus * (p.end - p.start) for p in flagged),
         idle_charge_units=sum(p.charge_units for p in flagged),
-        gpu_seconds=sum(p.gpus * (p.end - p.start) for p in valid),
-        charge_units=sum(p.charge_units for p in valid),
-        ongoing=valid[-1] is qualifying[-1][-1],
+        gpu_seconds=totals.gpu_seconds,
+        charge_units=totals.charge_units,
+        # Pieces never overlap: the stretch holds the latest piece when it ends where the job does.
+        ongoing=qualifying[-1][-1].end >= totals.last_end,
     )

@@ -22,7 +22,7 @@ from domain.plan import Change, PlanConflict, diff
 from domain.plan_file import PlanInvalid, locate, parse_plan
 from schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
 from services.admin_log import AdminLog
-from services.ledger_store import LedgerStore
+from services.ledger_store import DayUsage, LedgerStore
 from services.ledger_writer import LedgerWriter
 
 log = structlog.get_logger(__name__)
@@ -182,16 +182,36 @@ class AdminService:
         As of a past instant both sides are what a replay up to then gives: the admin events that
         had occurred, and the ledger entries whose closing event had occurred.
         """
+        return self.balances([project], as_of, state)[project]
+
+    def balances(
+        self,
+        projects: Sequence[str],
+        as_of: int | None = None,
+        state: AdminState | None = None,
+        days: Sequence[DayUsage] | None = None,
+    ) -> dict[str, ProjectBalance]:
+        """`balance` of several projects, read from the ledger together (the dashboards' overview);
+        `days`: their `LedgerStore.daily_usage`, when the caller has read it already."""
         at = self.now() if as_of is None else as_of
         full = state or self.state()
         known = full if as_of is None else full.as_of(at)
-        allocations = known.allocations_of(project)
-        rows = self.store.charge_rows(project, segments(allocations), at)
-        units, seconds = self.store.project_charges(project, at)
+        allocations = {p: known.allocations_of(p) for p in projects}
+        charges = self.store.charges_of({p: segments(a) for p, a in allocations.items()}, at, days=days)
         # Holds are live state: a past instant shows none (what a replay of the admin and job
         # events up to then gives, too: holds live on the admission log).
-        held = self.held(project) if as_of is None else {}
-        return project_balance(project, at, allocations, rows, units, seconds, held)
+        return {
+            p: project_balance(
+                p,
+                at,
+                allocations[p],
+                charges[p].rows,
+                charges[p].charge_units,
+                charges[p].gpu_seconds,
+                self.held(p) if as_of is None else {},
+            )
+            for p in projects
+        }
 
     def _charged_by(self, state: AdminState) -> Callable[[Allocation], int]:
         def charged(allocation: Allocation) -> int:

@@ -8,14 +8,20 @@ what the whole ledger holds. Amounts come back as integers; GPU-hours are made a
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from typing import Any
+
+import numpy as np
 
 from allmende.clickhouse import Database
-from domain.burn_rate import DayCharge
-from domain.squatting import UsagePiece
+from domain.squatting import JobTotals, UsagePiece
+from services.ledger_store import LOW_UTILIZATION_CAP_BP
 
 _DIMENSIONS = {"cluster", "gpu_type", "user", "priority_class"}
+HOUR = 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,22 +37,59 @@ class JobPieces:
     job_id: str
     user: str
     cluster: str
-    pieces: tuple[UsagePiece, ...]
+    pieces: tuple[UsagePiece, ...]  # those under LOW_UTILIZATION_CAP_BP, as `contiguous_runs`
+    totals: JobTotals
+
+
+def contiguous_runs(
+    job_ids: Sequence[str],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    gpu_seconds: Sequence[int],
+    utilization_bp: Sequence[int],
+    charge_units: Sequence[int],
+    max_utilization_bp: int,
+) -> dict[str, list[UsagePiece]]:
+    """Each job's pieces (in any order) with every run of consecutive ones (each starting where
+    the previous ended) on the same GPUs and the same side of the threshold merged into one piece.
+
+    `find_squatting` decides the same on the runs as on the pieces: a stretch is a union of runs,
+    GPUs x seconds and charges are sums, and a run keeps its side of the threshold. A page then
+    judges a few runs per job instead of thousands of pieces, and numpy does the merging.
+    """
+    if len(starts) == 0:
+        return {}
+    names, jobs = np.unique(np.asarray(job_ids, dtype=object), return_inverse=True)
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    order = np.lexsort((e, s, jobs))
+    jobs, s, e = jobs[order], s[order], e[order]
+    gpus = np.asarray(gpu_seconds, dtype=np.int64)[order] // (e - s)
+    bp = np.asarray(utilization_bp, dtype=np.int64)[order]
+    charge = np.asarray(charge_units, dtype=object)[order]  # Int128: Python ints, exact
+    idle = bp < max_utilization_bp
+    breaks = np.ones(len(s), dtype=bool)
+    breaks[1:] = (jobs[1:] != jobs[:-1]) | (s[1:] != e[:-1])
+    breaks[1:] |= (gpus[1:] != gpus[:-1]) | (idle[1:] != idle[:-1])
+    first = np.flatnonzero(breaks)
+    last = np.append(first[1:], len(s)) - 1
+    runs: dict[str, list[UsagePiece]] = defaultdict(list)
+    for job, a, b, g, u, c in zip(
+        jobs[first].tolist(),
+        s[first].tolist(),
+        e[last].tolist(),
+        gpus[first].tolist(),
+        np.maximum.reduceat(bp, first).tolist(),
+        np.add.reduceat(charge, first).tolist(),
+        strict=True,
+    ):
+        runs[names[job]].append(UsagePiece(a, b, g, u, c))
+    return dict(runs)
 
 
 class DashboardQueries:
     def __init__(self, db: Database) -> None:
         self.db = db
-
-    def daily_charges(self, project: str, first: dt.date, last: dt.date) -> list[DayCharge]:
-        """Charge units and GPU-seconds per UTC day in [first, last]."""
-        rows = self.db.rows(
-            "SELECT day, sum(charge_units) AS u, sum(gpu_seconds) AS s FROM {db}.usage_daily"
-            " WHERE project = {p:String} AND day >= {a:Date} AND day <= {b:Date}"
-            " GROUP BY day HAVING u != 0 OR s != 0 ORDER BY day",
-            {"p": project, "a": first, "b": last},
-        )
-        return [DayCharge(d, int(u), int(s)) for d, u, s in rows]
 
     def totals_by(self, project: str | None, by: str, first: dt.date, last: dt.date) -> list[UsageTotals]:
         """GPU-seconds, charge and idle units per value of `by` (a dimension, or `project`)."""
@@ -79,36 +122,98 @@ class DashboardQueries:
     def low_utilization_jobs(
         self, project: str, max_utilization_bp: int, start: int, end: int, limit: int = 500
     ) -> list[JobPieces]:
-        """Every current piece of the jobs that had a piece under the threshold in [start, end)."""
-        rows = self.db.rows(
-            "SELECT job_id, any(toString(user)), any(toString(cluster)),"
-            " groupArray(tuple(piece_start, piece_end, gpus, utilization_bp, charge_units))"
-            " FROM (SELECT job_id, user, cluster, piece_start, piece_end, utilization_bp,"
-            "   intDiv(sum(gpu_seconds), piece_end - piece_start) AS gpus, sum(charge_units) AS charge_units"
-            "   FROM {db}.job_pieces WHERE project = {p:String} AND job_id IN ("
-            "     SELECT DISTINCT job_id FROM {db}.job_pieces WHERE project = {p:String}"
-            "     AND utilization_bp < {bp:UInt16} AND piece_end > {lo:Int64} AND piece_start < {hi:Int64}"
-            "     GROUP BY job_id, entry_id, piece_start, piece_end, utilization_bp"
-            "     HAVING sum(gpu_seconds) != 0)"
-            "   AND piece_end > piece_start"
-            "   GROUP BY job_id, entry_id, user, cluster, piece_start, piece_end, utilization_bp"
-            "   HAVING sum(gpu_seconds) != 0)"
-            " GROUP BY job_id ORDER BY job_id LIMIT {n:UInt32}",
-            {"p": project, "bp": max_utilization_bp, "lo": start, "hi": end, "n": limit},
+        """The jobs that had a piece under the threshold in [start, end): every current piece of
+        theirs under LOW_UTILIZATION_CAP_BP (`low_pieces`) and their totals (`job_totals`). Both
+        tables hold the project's idle jobs alone, so this costs those, not all its pieces."""
+        if max_utilization_bp > LOW_UTILIZATION_CAP_BP:
+            raise ValueError(f"the squatting threshold may not exceed {LOW_UTILIZATION_CAP_BP} bp")
+        # FINAL sums each key's rows at read time: a reversal cancels its usage row, and a key
+        # summed to zero is gone, so what is left is the current pieces. The job totals come in
+        # the same query (k = 1): one round trip, and the engine reads both tables at once.
+        columns = self.db.columns(
+            "SELECT * FROM (SELECT 0, job_id, toString(user), toString(cluster), piece_start, piece_end,"
+            "   utilization_bp, gpu_seconds, charge_units FROM {db}.low_pieces FINAL"
+            "   WHERE project = {p:String} AND piece_end > piece_start AND gpu_seconds != 0"
+            " UNION ALL SELECT 1, job_id, '', '', 0, last_end, 0, gpu_seconds, charge_units"
+            "   FROM {db}.job_totals FINAL WHERE project = {p:String}"
+            "   AND job_id IN (SELECT job_id FROM {db}.low_pieces WHERE project = {p:String}))",
+            {"p": project},
         )
-        return [
-            JobPieces(
-                job_id,
-                user,
-                cluster,
-                tuple(UsagePiece(int(a), int(b), int(g), int(u), int(c)) for a, b, g, u, c in pieces),
+        if not columns or not columns[0]:
+            return []
+        k, job_ids, users, clusters, starts, ends, bps, secs, charges = columns
+        piece = [x == 0 for x in k]
+        total = [x == 1 for x in k]
+
+        def of(column: Sequence[Any], which: list[bool]) -> list[Any]:
+            return list(compress(column, which))
+
+        jobs_of = of(job_ids, piece)
+        runs = contiguous_runs(
+            jobs_of, of(starts, piece), of(ends, piece), of(secs, piece), of(bps, piece), of(charges, piece),
+            max_utilization_bp,
+        )  # fmt: skip
+        totals = {
+            j: JobTotals(s, u, e)
+            for j, s, u, e in zip(
+                of(job_ids, total), of(secs, total), of(charges, total), of(ends, total), strict=True
             )
-            for job_id, user, cluster, pieces in rows
+        }
+        who = dict(zip(jobs_of, zip(of(users, piece), of(clusters, piece), strict=True), strict=True))
+        jobs = sorted(
+            job
+            for job, pieces in runs.items()
+            if any(p.utilization_bp < max_utilization_bp and p.end > start and p.start < end for p in pieces)
+        )[:limit]
+        return [
+            JobPieces(j, who[j][0], who[j][1], tuple(runs[j]), totals.get(j, JobTotals(0, 0, 0)))
+            for j in jobs
         ]
 
-    def window_gpu_seconds(self, project: str, cluster: str, windows: Sequence[tuple[int, int]]) -> list[int]:
-        """The project's GPU-seconds on `cluster` inside each window [start, end), exactly (a piece's
-        GPU-seconds are GPUs x seconds, so any part of it is an integer)."""
+    def window_gpu_seconds(
+        self, project: str, cluster: str, windows: Sequence[tuple[int, int]], charged_to: int
+    ) -> list[int]:
+        """The project's GPU-seconds on `cluster` inside each window [start, end), exactly.
+
+        Whole hours come from `usage_hourly` (a window in local time is whole hours but in a few
+        zones); only partial hours at a window's edges are clipped from the pieces. Nothing is
+        charged after `charged_to`, so a window ending at or after it takes its last hour whole.
+        """
+        hours: list[tuple[int, int, int]] = []  # (window, first hour, end hour)
+        edges: list[tuple[int, int, int]] = []  # (window, start, end)
+        for i, (start, end) in enumerate(windows):
+            first = -(-start // HOUR)
+            last = -(-end // HOUR) if end >= charged_to else end // HOUR
+            if first >= last:
+                edges.append((i, start, end))
+                continue
+            hours.append((i, first, last))
+            edges += [(i, a, b) for a, b in ((start, first * HOUR), (last * HOUR, end)) if a < b]
+        used = [0] * len(windows)
+        if hours:
+            rows = self.db.rows(
+                "SELECT w, sum(gpu_seconds) FROM (SELECT arrayJoin(arrayFilter("
+                "   i -> hour >= {h0:Array(Int64)}[i] AND hour < {h1:Array(Int64)}[i],"
+                "   arrayEnumerate({h0:Array(Int64)}))) AS w, gpu_seconds FROM {db}.usage_hourly"
+                "   WHERE project = {p:String} AND cluster = {c:String}"
+                "   AND hour >= {lo:Int64} AND hour < {hi:Int64})"
+                " GROUP BY w",
+                {
+                    "p": project, "c": cluster,
+                    "h0": [h for _, h, _ in hours], "h1": [h for _, _, h in hours],
+                    "lo": min(h for _, h, _ in hours), "hi": max(h for _, _, h in hours),
+                },
+            )  # fmt: skip
+            for w, secs in rows:
+                used[hours[int(w) - 1][0]] += int(secs)
+        for (i, _, _), secs in zip(
+            edges, self._clipped(project, cluster, [(a, b) for _, a, b in edges]), strict=True
+        ):
+            used[i] += secs
+        return used
+
+    def _clipped(self, project: str, cluster: str, windows: Sequence[tuple[int, int]]) -> list[int]:
+        """GPU-seconds in each window [start, end) from the pieces (any part of one is exact)."""
         if not windows:
             return []
         starts = [s for s, _ in windows]
@@ -128,7 +233,3 @@ class DashboardQueries:
         for w, secs in rows:
             used[int(w)] = int(secs)
         return [used[i] for i in range(1, len(windows) + 1)]
-
-    def ledger_clock(self) -> int:
-        """The latest instant the ledger has charged (0 when empty): "now" of a replayed trace."""
-        return int(self.db.rows("SELECT max(piece_end) FROM {db}.job_pieces")[0][0])

@@ -28,9 +28,13 @@ def readable_projects(state: AdminState, principal: Principal, with_usage: Itera
     return [p for p in declared if may_read(state, principal, p)]
 
 
+def declared_project(state: AdminState, project: str) -> bool:
+    return project in state.nodes and state.nodes[project].kind == "project"
+
+
 def require_project(state: AdminState, principal: Principal, project: str, has_usage: bool = False) -> None:
     """404 for a project nobody declared (admins: unless it has usage), 403 for another's."""
-    declared = project in state.nodes and state.nodes[project].kind == "project"
+    declared = declared_project(state, project)
     if not declared and not (has_usage and principal.role == "admin"):
         raise HTTPException(404, f"no project {project!r}")
     if not may_read(state, principal, project):

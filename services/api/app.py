@@ -58,6 +58,16 @@ async def _expire_periodically(service: AdminService, every_s: float) -> None:
             log.warning("expiry_failed", error=repr(exc))
 
 
+async def _follow_admin_log(admin_log: AdminLog, every_s: float) -> None:
+    """Keep the admin state the dashboards read (`DashboardViews.state`) caught up with the log."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await run_in_threadpool(admin_log.catch_up)
+        except Exception as exc:  # Kafka away: the pages show the state as last read meanwhile
+            log.warning("admin_follow_failed", error=repr(exc))
+
+
 async def _release_periodically(service: AdmissionService, every_s: float = 0.25) -> None:
     """Release the holds of jobs that ended or never started; often, so releases come in small
     batches instead of one burst that would stall the decisions waiting behind it. Decisions the
@@ -72,6 +82,9 @@ async def _release_periodically(service: AdmissionService, every_s: float = 0.25
             log.warning("hold_release_failed", error=repr(exc))
 
 
+ADMIN_FOLLOW_S = 0.5  # how stale the dashboards' admin state may be (commands here show at once)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,7 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configure_logging(s)
         db = Database(s.clickhouse_dsn, s.clickhouse_database)
         await run_in_threadpool(db.migrate)
-        app.state.store = LedgerStore(db)
+        # Embedded chDB has one owning process: with the writer here, every posting passes this store.
+        app.state.store = LedgerStore(db, sole_writer=s.writer_enabled and db.embedded)
         app.state.tokens = TokenBook(s)
         await run_in_threadpool(ensure_topics, s)
         admin_log = AdminLog(s)
@@ -114,7 +128,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
             app.state.alerter = BurnAlerter(s, app.state.dashboard.project_burns)
             await app.state.alerter.start()
-        tasks = [asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s))]
+        tasks = [
+            asyncio.create_task(_expire_periodically(app.state.admin, s.expiry_check_s)),
+            asyncio.create_task(_follow_admin_log(admin_log, ADMIN_FOLLOW_S)),
+        ]
         if admission is not None:
             tasks.append(asyncio.create_task(_release_periodically(admission)))
         log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)

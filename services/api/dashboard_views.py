@@ -7,8 +7,8 @@ Blocking (ClickHouse): run these in a thread, never on the event loop.
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -19,7 +19,7 @@ from fastapi import HTTPException
 from domain.admin_state import AdminState, agreement_of
 from domain.balances import ProjectBalance
 from domain.burn_alerts import ProjectBurn
-from domain.burn_rate import SECONDS_PER_DAY, BurnRate, Forecast, burn_rate
+from domain.burn_rate import SECONDS_PER_DAY, BurnRate, DayCharge, Forecast, burn_rate
 from domain.squatting import SquatRule, find_squatting
 from domain.timeslices import occurrences
 from services.admin_service import AdminService
@@ -28,12 +28,12 @@ from services.api.access import readable_projects
 from services.api.auth import Principal
 from services.api.dashboard_models import gpu_hours, idle_hours, instant, percent, units_to_hours
 from services.dashboard_queries import DashboardQueries
+from services.ledger_store import DayUsage
 
 if TYPE_CHECKING:
     from services.admission_service import AdmissionService
     from services.fairshare_calculator import FairShareCalculator
 
-CLOCK_CACHE_S = 2.0  # the ledger's clock is one scan of a column: read it at most this often
 MAX_WINDOWS = 2_000  # time-slice windows listed per page: a bound on every query
 
 
@@ -89,18 +89,18 @@ class DashboardViews:
         self.squat_rule = squat_rule
         self.admission = admission
         self.fairshare = fairshare
-        self._clock: tuple[float, int] = (-CLOCK_CACHE_S, 0)
-        self._clock_lock = threading.Lock()
+
+    def state(self) -> AdminState:
+        """The admin state as last caught up: the pages read it without a round trip to Kafka per
+        request. Commands through this API show at once; the follower (`follow_admin_log`) brings
+        in what others published within ADMIN_FOLLOW_S."""
+        return self.admin.log.state
 
     # -- time ---------------------------------------------------------------------------------
     def ledger_clock(self) -> int:
         """The latest instant charged; the wall clock when the ledger is empty. In live operation
         it trails now by the pipeline's lag; for a replayed trace it is the trace's "now"."""
-        with self._clock_lock:
-            read_at, clock = self._clock
-            if time.monotonic() - read_at > CLOCK_CACHE_S:
-                clock = self.queries.ledger_clock()
-                self._clock = (time.monotonic(), clock)
+        clock = self.admin.store.charge_horizon()
         return min(clock, self.admin.now()) if clock > 0 else self.admin.now()
 
     def period(self, state: AdminState, name: str | None, as_of: int | None) -> Period:
@@ -123,45 +123,41 @@ class DashboardViews:
     def project_burn(
         self, state: AdminState, project: str, period: Period, as_of_given: bool
     ) -> tuple[BurnRate, ProjectBalance]:
-        balance = self._balance(state, project, period.as_of if as_of_given else None)
-        lines = [b for b in balance.allocations if b.allocation.period == period.name]
-        daily = self.queries.daily_charges(project, period.first_day, period.last_day)
-        burn = burn_rate(
-            allocated_units=sum(b.allocated_units for b in lines),
-            held_units=sum(b.held_units for b in lines),
-            period_start=period.start,
-            period_end=period.end,
-            as_of=period.as_of,
-            daily=daily,
-        )
-        return burn, balance
+        return self.project_burns_of(state, [project], period, as_of_given)[project]
+
+    def project_burns_of(
+        self,
+        state: AdminState,
+        projects: Sequence[str],
+        period: Period,
+        as_of_given: bool,
+        days: Sequence[DayUsage] | None = None,
+    ) -> dict[str, tuple[BurnRate, ProjectBalance]]:
+        """Each project's burn rate and balance, from one read of the daily projection (`days`,
+        when the caller has it: every day of these projects)."""
+        usage = self.admin.store.daily_usage(projects) if days is None else days
+        balances = self.admin.balances(projects, period.as_of if as_of_given else None, state, days=usage)
+        daily: dict[str, dict[dt.date, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for d in usage:
+            if period.first_day <= d.day <= period.last_day:
+                daily[d.project][d.day][0] += d.charge_units
+                daily[d.project][d.day][1] += d.gpu_seconds
+        found = {}
+        for project in projects:
+            lines = [b for b in balances[project].allocations if b.allocation.period == period.name]
+            burn = burn_rate(
+                allocated_units=sum(b.allocated_units for b in lines),
+                held_units=sum(b.held_units for b in lines),
+                period_start=period.start,
+                period_end=period.end,
+                as_of=period.as_of,
+                daily=[DayCharge(day, u, s) for day, (u, s) in sorted(daily[project].items()) if u or s],
+            )
+            found[project] = (burn, balances[project])
+        return found
 
     def burn(self, state: AdminState, project: str, period: Period, as_of_given: bool) -> m.BurnOut:
-        burn, balance = self.project_burn(state, project, period, as_of_given)
-        lines = [b for b in balance.allocations if b.allocation.period == period.name]
-        in_budget = sum(b.charged_units for b in lines)
-        return m.BurnOut(
-            **period.meta(),
-            project=project,
-            allocated_gpu_hours=units_to_hours(burn.allocated_units),
-            charged_gpu_hours=units_to_hours(burn.charged_units),
-            held_gpu_hours=units_to_hours(burn.held_units),
-            remaining_gpu_hours=units_to_hours(sum(b.remaining_units for b in lines)),
-            over_budget_gpu_hours=units_to_hours(max(0, burn.charged_units - in_budget)),
-            elapsed_percent=percent(burn.elapsed_share) or Decimal(0),
-            spent_percent=percent(burn.spent_share),
-            forecasts=[_forecast(burn.period_to_date), _forecast(burn.trailing_7d)],
-            rows=[
-                m.BurnDayRow(
-                    day=d.day,
-                    gpu_hours=gpu_hours(d.gpu_seconds),
-                    charged_gpu_hours=units_to_hours(d.charge_units),
-                    cumulative_charged_gpu_hours=units_to_hours(d.cumulative_units),
-                    even_burn_gpu_hours=units_to_hours(d.even_burn_units),
-                )
-                for d in burn.days
-            ],
-        )
+        return _burn_out(project, period, *self.project_burn(state, project, period, as_of_given))
 
     def breakdown(self, project: str, period: Period, by: str) -> m.BreakdownOut:
         totals = self.queries.totals_by(project, by, period.first_day, period.last_day)
@@ -233,6 +229,7 @@ class DashboardViews:
             if a.project == project and key not in state.revoked
         ]
         end = min(max(period.as_of, period.start + 1), period.end)
+        charged_to = self.admin.store.charge_horizon()
         for agreement in agreements:
             # Each window clipped to the period and to as_of: a window under way shows its part so far.
             windows = [
@@ -240,7 +237,7 @@ class DashboardViews:
                 for s, e in occurrences(agreement.window, period.start, end)
                 if max(s, period.start) < min(e, end)
             ][:MAX_WINDOWS]
-            used = self.queries.window_gpu_seconds(project, agreement.cluster, windows)
+            used = self.queries.window_gpu_seconds(project, agreement.cluster, windows, charged_to)
             for (start, stop), secs in zip(windows, used, strict=True):
                 guaranteed = agreement.gpus * (stop - start)
                 # The guarantee is GPUs at each instant; GPU-seconds beyond it were not the agreement's.
@@ -265,7 +262,7 @@ class DashboardViews:
         for job in self.queries.low_utilization_jobs(
             project, rule.max_utilization_bp, period.start, period.end
         ):
-            found = find_squatting(job.job_id, job.pieces, rule)
+            found = find_squatting(job.job_id, job.pieces, rule, job.totals)
             if found is None:
                 continue
             rows.append(
@@ -296,13 +293,13 @@ class DashboardViews:
     def overview(
         self, state: AdminState, caller: Principal, period: Period, as_of_given: bool
     ) -> m.OverviewOut:
-        idle = {
-            t.key: t.idle_units
-            for t in self.queries.totals_by(None, "project", period.first_day, period.last_day)
-        }
+        days = self.admin.store.daily_usage()  # every project's, in one read
+        idle = _idle_in(days, period)
+        projects = readable_projects(state, caller, idle if caller.role == "admin" else ())
+        burns = self.project_burns_of(state, projects, period, as_of_given, days)
         rows = []
-        for project in readable_projects(state, caller, idle if caller.role == "admin" else ()):
-            out = self.burn(state, project, period, as_of_given)
+        for project in projects:
+            out = _burn_out(project, period, *burns[project])
             trailing = out.forecasts[1]
             rows.append(
                 m.OverviewRow(
@@ -326,19 +323,15 @@ class DashboardViews:
     def project_burns(self) -> list[ProjectBurn]:
         """Every project with an allocation in the current period, as the burn alerter and the
         project gauges judge it: the same figures as the project page (blocking: ClickHouse)."""
-        state = self.admin.state()
+        state = self.state()
         if not periods_of(state):
             return []
         period = self.period(state, None, None)
-        idle = {
-            t.key: t.idle_units
-            for t in self.queries.totals_by(None, "project", period.first_day, period.last_day)
-        }
+        days = self.admin.store.daily_usage()
+        idle = _idle_in(days, period)
         projects = sorted({a.project for a in state.allocations.values() if a.period == period.name})
-        return [
-            ProjectBurn(p, period.name, self.project_burn(state, p, period, False)[0], idle.get(p, 0))
-            for p in projects
-        ]
+        burns = self.project_burns_of(state, projects, period, False, days)
+        return [ProjectBurn(p, period.name, burns[p][0], idle.get(p, 0)) for p in projects]
 
     def cluster_utilization(self, state: AdminState, period: Period) -> m.ClusterUtilizationOut:
         clusters = {c.cluster: c.gpus for c in state.clusters.values()}
@@ -370,6 +363,42 @@ class DashboardViews:
                 )
                 day += dt.timedelta(days=1)
         return m.ClusterUtilizationOut(**period.meta(), rows=rows)
+
+
+def _idle_in(days: Sequence[DayUsage], period: Period) -> dict[str, int]:
+    """Idle units per project with usage in the period's days."""
+    idle: dict[str, int] = defaultdict(int)
+    for d in days:
+        if period.first_day <= d.day <= period.last_day and (d.gpu_seconds or d.charge_units):
+            idle[d.project] += d.idle_units
+    return dict(idle)
+
+
+def _burn_out(project: str, period: Period, burn: BurnRate, balance: ProjectBalance) -> m.BurnOut:
+    lines = [b for b in balance.allocations if b.allocation.period == period.name]
+    in_budget = sum(b.charged_units for b in lines)
+    return m.BurnOut(
+        **period.meta(),
+        project=project,
+        allocated_gpu_hours=units_to_hours(burn.allocated_units),
+        charged_gpu_hours=units_to_hours(burn.charged_units),
+        held_gpu_hours=units_to_hours(burn.held_units),
+        remaining_gpu_hours=units_to_hours(sum(b.remaining_units for b in lines)),
+        over_budget_gpu_hours=units_to_hours(max(0, burn.charged_units - in_budget)),
+        elapsed_percent=percent(burn.elapsed_share) or Decimal(0),
+        spent_percent=percent(burn.spent_share),
+        forecasts=[_forecast(burn.period_to_date), _forecast(burn.trailing_7d)],
+        rows=[
+            m.BurnDayRow(
+                day=d.day,
+                gpu_hours=gpu_hours(d.gpu_seconds),
+                charged_gpu_hours=units_to_hours(d.charge_units),
+                cumulative_charged_gpu_hours=units_to_hours(d.cumulative_units),
+                even_burn_gpu_hours=units_to_hours(d.even_burn_units),
+            )
+            for d in burn.days
+        ],
+    )
 
 
 def _midnight(day: dt.date) -> int:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from domain.admin_state import AdminState
 from services.api import dashboard_models as m
-from services.api.access import readable_projects, require_project
+from services.api.access import declared_project, readable_projects, require_project
 from services.api.auth import Principal, Reader
 from services.api.dashboard_views import DashboardViews, Period, periods_of
 from services.api.models import ErrorBody
@@ -93,15 +93,17 @@ def _instant(as_of: dt.datetime | None) -> int | None:
 def _project_scope(
     views: DashboardViews, caller: Principal, project: str, period: str | None, as_of: int | None
 ) -> tuple[AdminState, Period]:
-    state = views.admin.state()
-    require_project(state, caller, project, has_usage=views.admin.store.project_days(project) is not None)
+    state = views.state()
+    # Only an undeclared project needs the ledger asked whether it has usage (admins see it).
+    has_usage = declared_project(state, project) or views.admin.store.project_days(project) is not None
+    require_project(state, caller, project, has_usage=has_usage)
     return state, views.period(state, period, as_of)
 
 
 @router.get("/periods", response_model=m.PeriodsOut, responses=ERRORS, summary="Periods with allocations")
 async def periods(caller: Reader, views: Views, format: Format = "json") -> m.PeriodsOut | Response:
     def build() -> m.PeriodsOut:
-        known = periods_of(views.admin.state())
+        known = periods_of(views.state())
         return m.PeriodsOut(
             rows=[
                 m.PeriodRow(period=n, start=m.instant(s) or "", end=m.instant(e) or "")
@@ -118,7 +120,7 @@ async def periods(caller: Reader, views: Views, format: Format = "json") -> m.Pe
 async def projects(caller: Reader, views: Views, format: Format = "json") -> m.ProjectsOut | Response:
     def build() -> m.ProjectsOut:
         with_usage = views.admin.store.projects() if caller.role == "admin" else []
-        names = readable_projects(views.admin.state(), caller, [p for p in with_usage if p])
+        names = readable_projects(views.state(), caller, [p for p in with_usage if p])
         return m.ProjectsOut(rows=[m.ProjectRow(project=p) for p in names])
 
     return await _answer(format, "projects", build)
@@ -198,7 +200,7 @@ async def holds(
 
 
 def _project_scope_only(views: DashboardViews, caller: Principal, project: str) -> None:
-    state = views.admin.state()
+    state = views.state()
     require_project(state, caller, project, has_usage=views.admin.store.project_days(project) is not None)
 
 
@@ -273,7 +275,7 @@ async def overview(
     at = _instant(as_of)
 
     def build() -> m.OverviewOut:
-        state = views.admin.state()
+        state = views.state()
         return views.overview(state, caller, views.period(state, period, at), as_of_given=at is not None)
 
     return await _answer(format, "overview", build)
@@ -291,7 +293,7 @@ async def cluster_utilization(
     at = _instant(as_of)
 
     def build() -> m.ClusterUtilizationOut:
-        state = views.admin.state()
+        state = views.state()
         return views.cluster_utilization(state, views.period(state, period, at))
 
     return await _answer(format, "cluster-utilization", build)
@@ -307,7 +309,7 @@ async def fairshare(caller: Reader, views: Views, format: Format = "json") -> m.
     def build() -> m.FairShareOut:
         calculator = views.fairshare
         snapshot = calculator.latest if calculator is not None else None
-        records = visible_nodes(views.admin.state(), caller, snapshot.records) if snapshot else []
+        records = visible_nodes(views.state(), caller, snapshot.records) if snapshot else []
         return m.FairShareOut(
             as_of=m.instant(snapshot.as_of) if snapshot else None,
             algorithm=snapshot.algorithm if snapshot else "",

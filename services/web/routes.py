@@ -51,7 +51,7 @@ router = APIRouter(prefix="/ui", include_in_schema=False, lifespan=_lifespan)
 
 
 def _admin_state(request: Request) -> AdminState:
-    state: AdminState = request.app.state.admin.state()
+    state: AdminState = request.app.state.dashboard.state()
     return state
 
 

@@ -69,26 +69,32 @@ def plan_text(body: str) -> str:
 @contextmanager
 def live_api(settings: Settings, now: int) -> Iterator[tuple[str, FakeClock]]:
     """The API served by uvicorn on a free loopback port, for clients that speak real HTTP."""
+    clock = FakeClock(now)
+    app = create_app(with_tokens(settings))
+    with serving(app) as url:
+        set_clock(app, clock)
+        yield url, clock
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """`app` served by uvicorn in a thread on a free loopback port, its lifespan run; the URL."""
     import threading
 
     import uvicorn
 
     from allmende.kafka_local import free_port
 
-    clock = FakeClock(now)
-    app = create_app(with_tokens(settings))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{server.config.port}"
     try:
         deadline = 60.0
         while not server.started and deadline > 0:
             thread.join(0.1)
             deadline -= 0.1
         assert server.started, "uvicorn did not start"
-        set_clock(app, clock)
-        yield url, clock
+        yield f"http://127.0.0.1:{server.config.port}"
     finally:
         server.should_exit = True
         thread.join(30)

@@ -108,6 +108,7 @@ def test_the_dashboards_agree_with_the_balance_and_usage_and_show_idle_gpus_and_
             api.get("/v1/dashboard/projects/olmo-ft/breakdown", params={"by": "cluster"}, headers=ADMIN)
         )
         squatting = ok(api.get("/v1/dashboard/projects/olmo-ft/squatting", headers=ALICE))
+        no_squatting = ok(api.get("/v1/dashboard/projects/vision/squatting", headers=ADMIN))
         overview = ok(api.get("/v1/dashboard/overview", headers=ADMIN))
         lead_overview = ok(api.get("/v1/dashboard/overview", headers=ALICE))
         clusters = ok(api.get("/v1/dashboard/clusters/utilization", headers=ADMIN))
@@ -164,6 +165,7 @@ def test_the_dashboards_agree_with_the_balance_and_usage_and_show_idle_gpus_and_
 
     # Squatting: the placeholder (2 h under 5 %), not the job that dipped for 20 minutes.
     assert [r["job_id"] for r in squatting["rows"]] == ["parked"]
+    assert no_squatting["rows"] == []  # a project with no idle piece at all
     parked = squatting["rows"][0]
     assert parked["user"] == "squatter" and Decimal(parked["idle_hours"]) == 2
     assert Decimal(parked["gpu_hours"]) == 8  # 4 GPUs x 2 h, what it has cost so far

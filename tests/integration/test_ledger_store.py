@@ -14,6 +14,7 @@ from schemas.dead_letter import DeadLetter
 from schemas.events import JobFinished, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
 from schemas.ledger import encode_entries
 from services.api.app import create_app
+from services.dashboard_queries import DashboardQueries
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, with_tokens
@@ -24,7 +25,13 @@ T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
 
 
 def _job_entries(
-    job_id: str, project: str, gpus: int, hours: int, user: str = "ada", submitted: bool = True
+    job_id: str,
+    project: str,
+    gpus: int,
+    hours: int,
+    user: str = "ada",
+    submitted: bool = True,
+    start: int = T0,
 ) -> list[bytes]:
     """Entry records for a job that ran `hours` with one sample per hour at 50 % utilisation
     (without its JobSubmitted: the unattributed first versions)."""
@@ -32,7 +39,7 @@ def _job_entries(
     meter = JobMeter(job_id)
     submission = JobSubmitted(
         event_id=f"{job_id}:s",
-        occurred_at=T0,
+        occurred_at=start,
         project=project,
         user=user,
         cluster="c1",
@@ -44,19 +51,19 @@ def _job_entries(
     )
     if submitted:
         meter.apply(submission)
-    meter.apply(JobStarted(event_id=f"{job_id}:st", occurred_at=T0, gpus=gpus, **common))
+    meter.apply(JobStarted(event_id=f"{job_id}:st", occurred_at=start, gpus=gpus, **common))
     for h in range(1, hours):
         meter.apply(
             JobUsageSample(
                 event_id=f"{job_id}:u{h}",
-                occurred_at=T0 + h * 3600,
+                occurred_at=start + h * 3600,
                 gpus_in_use=gpus,
                 gpu_utilization=0.5,
                 **common,
             )
         )
     meter.apply(
-        JobFinished(event_id=f"{job_id}:f", occurred_at=T0 + hours * 3600, status="succeeded", **common)
+        JobFinished(event_id=f"{job_id}:f", occurred_at=start + hours * 3600, status="succeeded", **common)
     )
     return [encode_entries([e]) for e in meter.entries()]
 
@@ -111,14 +118,52 @@ def test_a_projection_that_lost_inserts_is_rebuilt_from_the_postings(
     settings: Settings, store: LedgerStore
 ) -> None:
     LedgerWriter(settings, store).post_batch(_records(_job_entries("job-b", "olmo", 4, 50)), lambda _: None)
-    store.db.command("TRUNCATE TABLE {db}.usage_daily")  # as if the view's part never landed
-    assert store.total_gpu_seconds() == 0
+    store.db.command("TRUNCATE TABLE {db}.usage_daily")  # as if the views' parts never landed
+    store.db.command("TRUNCATE TABLE {db}.ledger_horizon")
+    store.db.command("TRUNCATE TABLE {db}.usage_hourly")
+    assert store.total_gpu_seconds() == 0 and store.charge_horizon() == store.closed_to() == 0
 
     report = store.reconcile()
 
     assert report.rebuilt
     assert store.total_gpu_seconds() == 4 * 50 * 3600
+    assert store.charge_horizon() == store.closed_to() == T0 + 50 * 3600
+    assert store.db.rows("SELECT sum(gpu_seconds) FROM {db}.usage_hourly")[0][0] == 4 * 50 * 3600
     assert store.reconcile().rebuilt is False
+
+
+def test_balances_read_whole_days_from_the_daily_projection_exactly_as_clipping_every_piece(
+    settings: Settings, store: LedgerStore
+) -> None:
+    day, hour = 86_400, 3600
+    writer = LedgerWriter(settings, store)
+    writer.post_batch(_records(_job_entries("job-d", "olmo", 8, 80)), lambda _: None)
+    writer.post_batch(_records(_job_entries("job-e", "vision", 2, 50, start=T0 - 5 * hour)), lambda _: None)
+    # Segments off midnight, inside one day, over several days, and a project without any.
+    segments = {
+        "olmo": [(T0 + 5 * hour + 17, T0 + 2 * day + 7 * hour), (T0 + 2 * day + 7 * hour, T0 + 10 * day)],
+        "vision": [(T0 + day + hour, T0 + day + 2 * hour), (T0 - day, T0 + day)],
+        "nobody": [(T0, T0 + day)],
+    }
+    now = store.closed_to()
+    assert now == T0 + 80 * hour
+
+    daily = store.charges_of(segments, now)
+    assert daily == store.charges_of(segments, now, whole_days=False)
+    secs = {p: [sum(r.gpu_seconds for r in daily[p].rows if r.start == s) for s, _ in segs]
+            for p, segs in segments.items()}  # fmt: skip
+    assert secs == {
+        "olmo": [8 * (2 * day + 2 * hour - 17), 8 * (80 * hour - 2 * day - 7 * hour)],
+        "vision": [2 * hour, 2 * (day + 5 * hour)],
+        "nobody": [0],
+    }
+    assert (daily["olmo"].gpu_seconds, daily["vision"].gpu_seconds) == (8 * 80 * hour, 2 * 50 * hour)
+    assert daily["nobody"].gpu_seconds == daily["nobody"].charge_units == 0
+
+    # As of an instant before the ledger's last entry closed: only the entries closed by then.
+    past = store.charges_of(segments, T0 + 10 * hour)
+    assert sum(r.gpu_seconds for r in past["olmo"].rows) == 8 * (10 * hour - 5 * hour - 17)
+    assert past["olmo"].gpu_seconds == 8 * 10 * hour
 
 
 def test_the_usage_api_reports_gpu_hours_per_day_and_in_total(settings: Settings, store: LedgerStore) -> None:
@@ -165,3 +210,28 @@ def test_the_usage_api_reports_gpu_hours_per_day_and_in_total(settings: Settings
     assert health.status_code == 200 and health.json()["writer"] == "disabled"
     assert "/v1/projects/{project}/usage" in docs.json()["paths"]
     assert store.project_days("olmo") == (dt.date(2026, 1, 1), dt.date(2026, 1, 2))
+
+
+def test_time_slice_use_reads_whole_hours_exactly_as_clipping_every_piece(
+    settings: Settings, store: LedgerStore
+) -> None:
+    hour = 3600
+    LedgerWriter(settings, store).post_batch(_records(_job_entries("job-g", "olmo", 4, 30)), lambda _: None)
+    queries = DashboardQueries(store.db)
+    end = store.charge_horizon()
+    assert end == T0 + 30 * hour
+    # Whole hours, a window off the hour (a zone at +05:30), one inside an hour, one past the end
+    # of the ledger, one before it.
+    windows = [
+        (T0 + 2 * hour, T0 + 12 * hour),
+        (T0 + 2 * hour + 1800, T0 + 4 * hour + 1800),
+        (T0 + 5 * hour + 60, T0 + 5 * hour + 120),
+        (T0 + 28 * hour + 600, T0 + 40 * hour),
+        (T0 - 10 * hour, T0 + 1),
+    ]
+
+    used = queries.window_gpu_seconds("olmo", "c1", windows, end)
+
+    assert used == queries._clipped("olmo", "c1", windows)
+    assert used == [4 * 10 * hour, 4 * 2 * hour, 4 * 60, 4 * (2 * hour - 600), 4]
+    assert queries.window_gpu_seconds("olmo", "other-cluster", windows, end) == [0] * len(windows)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.squatting import FULL_BP, SquatRule, Squatting, UsagePiece, find_squatting
+from domain.squatting import FULL_BP, JobTotals, SquatRule, Squatting, UsagePiece, find_squatting
 
 MIN = 60
 T0 = 1_800_000_000
@@ -201,3 +201,31 @@ def test_properties_of_any_job(spec: list[tuple[int, int, int, int]], rng: rando
     assert 0 < found.idle_gpu_seconds <= found.gpu_seconds
     assert 0 < found.idle_charge_units <= found.charge_units
     assert found.gpu_seconds == sum(p.gpus * (p.end - p.start) for p in pieces)
+
+
+@PROPERTY
+@given(runs, st.sampled_from([2_500, 1_000, 501]))
+def test_the_low_pieces_and_the_jobs_totals_give_what_every_piece_gives(
+    spec: list[tuple[int, int, int, int]], cap: int
+) -> None:
+    """What the dashboards read (the pieces under a cap at or over the threshold, and the job's
+    totals) decides exactly as the whole job does: a piece left out breaks a stretch as a busy
+    piece would."""
+    pieces = job(spec)
+    valid = [p for p in pieces if p.gpus > 0 and p.end > p.start]
+    totals = JobTotals(
+        sum(p.gpus * (p.end - p.start) for p in valid),
+        sum(p.charge_units for p in valid),
+        max((p.end for p in valid), default=0),
+    )
+    low = [p for p in pieces if p.utilization_bp < cap]
+    assert find_squatting("job", low, RULE, totals) == find_squatting("job", pieces, RULE)
+
+
+def test_a_stretch_is_ongoing_only_up_to_the_jobs_last_piece() -> None:
+    idle = [piece(0, 60, IDLE)]
+    assert find_squatting("job", idle, RULE).ongoing  # type: ignore[union-attr]
+    later = JobTotals(gpu_seconds=2 * 3600, charge_units=6 * 3600, last_end=at(120))
+    found = find_squatting("job", idle, RULE, later)
+    assert found is not None and not found.ongoing
+    assert (found.gpu_seconds, found.charge_units) == (2 * 3600, 6 * 3600)
