@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,11 @@ class LedgerStore:
         self.db = db
         self._sole_writer = sole_writer
         self._known_horizon: tuple[int, int] | None = None
+        # Sole writer: per project, the jobs that have a piece under the cap (loaded on first
+        # ask) and a version that moves whenever a posting reaches one of them.
+        self._idle_lock = threading.Lock()
+        self._idle_jobs: dict[str, set[str]] = {}
+        self._idle_versions: dict[str, int] = defaultdict(int)
 
     # -- write side ---------------------------------------------------------------------------
     def append(self, postings: Sequence[Posting]) -> None:
@@ -154,6 +160,41 @@ class LedgerStore:
                 if p.kind is not PostingKind.REVISION:
                     closed_to = max(closed_to, p.entry.interval_end)
             self._known_horizon = (charged_to, closed_to)
+        self._insert(postings)
+        if self._sole_writer:
+            self._note_idle(postings)
+
+    def _note_idle(self, postings: Sequence[Posting]) -> None:
+        """After the insert: a reader that saw the old version may have read the old rows, and
+        the new version tells it to read again."""
+        with self._idle_lock:
+            for p in postings:
+                if p.kind is PostingKind.REVISION:
+                    continue
+                project, job = p.entry.project, p.entry.job_id
+                jobs = self._idle_jobs.get(project)
+                if jobs is None:
+                    self._idle_versions[project] += 1  # nobody reads it yet: move it anyway
+                    continue
+                if p.utilization_bp < LOW_UTILIZATION_CAP_BP:
+                    jobs.add(job)
+                if job in jobs:
+                    self._idle_versions[project] += 1
+
+    def idle_version(self, project: str) -> int | None:
+        """What the project's squatting reads (`low_pieces`, `job_totals` of its idle jobs) is
+        unchanged while this number is; None when other processes write (nothing to cache by)."""
+        if not self._sole_writer:
+            return None
+        with self._idle_lock:
+            if project not in self._idle_jobs:
+                found = self.db.rows(
+                    "SELECT DISTINCT job_id FROM {db}.low_pieces WHERE project = {p:String}", {"p": project}
+                )
+                self._idle_jobs[project] = {j for (j,) in found}
+            return self._idle_versions[project]
+
+    def _insert(self, postings: Sequence[Posting]) -> None:
         rows = [
             (
                 p.posting_id,

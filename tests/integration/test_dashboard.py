@@ -14,6 +14,7 @@ import pytest
 from allmende.settings import Settings
 from schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted, JobUsageSample
 from tests.integration.budget_harness import ADMIN, ALICE, BOB, SCHEDULER, ok, plan_text, running_api
+from tests.integration.harness import MeterWorker, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all
 
 pytestmark = pytest.mark.integration
@@ -194,3 +195,34 @@ def test_the_dashboards_agree_with_the_balance_and_usage_and_show_idle_gpus_and_
 
     for path, (from_csv, from_json) in csv_equals_json.items():
         assert from_csv == _as_csv_cells(from_json), path
+
+
+def test_the_squatting_rows_kept_between_reads_follow_every_new_posting_of_an_idle_job(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The API keeps a project's squatting rows until a posting reaches one of its idle jobs: an
+    idle hour is flagged as ongoing, and once the job is busy again and ends, the next read shows
+    the whole job and the stretch over."""
+    turns = _job("turns", "olmo-ft", Q1_2027 + 3 * DAY, [0.01] * 6 + [0.9] * 6, user="squatter")
+    path = "/v1/dashboard/projects/olmo-ft/squatting"
+
+    def flagged(ongoing: bool) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = ok(api.get(path, headers=ALICE))["rows"]
+        return rows if rows and rows[0]["ongoing"] is ongoing else []
+
+    with running_api(settings, Q1_2027 + DAY) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        clock.now = NOW
+        assert ok(api.get(path, headers=ALICE))["rows"] == []  # read (and kept) before any usage
+        meter = MeterWorker(settings, tmp_path / "logs")
+        try:
+            meter.wait_ready()
+            send_events(settings, turns[:8])  # submitted, started, an hour at 1 %
+            first = wait_until(lambda: flagged(True), 90, "the idle hour flagged, ongoing")
+            send_events(settings, turns[8:])  # an hour at 90 %, then the end
+            later = wait_until(lambda: flagged(False), 90, "the job busy again and ended")
+        finally:
+            meter.kill()
+    assert [r["job_id"] for r in first] == ["turns"] == [r["job_id"] for r in later]
+    assert (Decimal(first[0]["gpu_hours"]), Decimal(first[0]["idle_hours"])) == (4, 1)
+    assert (Decimal(later[0]["gpu_hours"]), Decimal(later[0]["idle_hours"])) == (8, 1)
