@@ -64,6 +64,9 @@ CLOCK = 1_620_000_000  # 2021-05-03T00:00:00Z: the admin services' clock, after 
 ENTRIES_PER_RECORD = 400  # a long job's entries in several records, each well under Kafka's 1 MB
 BY = ("cluster", "gpu_type", "user", "priority_class")
 TRIVIAL = "trivial query (SELECT 1)"
+# The API keeps a project's squatting rows until a posting reaches one of its idle jobs; this row
+# times the same route with them dropped before every request: what a read after such a posting costs.
+COLD = "squatting, recomputed"
 console = Console(stderr=True)
 
 
@@ -182,6 +185,7 @@ def endpoints(project: str) -> dict[str, tuple[str, str]]:
         "preemptions": ("project", f"{p}/preemptions"),
         "timeslices": ("project", f"{p}/timeslices"),
         "squatting": ("project", f"{p}/squatting"),
+        COLD: ("project", f"{p}/squatting"),
         "overview": ("overview", "/v1/dashboard/overview"),
         "clusters/utilization": ("overview", "/v1/dashboard/clusters/utilization"),
         "fairshare": ("overview", "/v1/dashboard/fairshare"),
@@ -238,6 +242,8 @@ def measure(
             for _ in range(args.rounds):
                 timings[TRIVIAL].samples.append(_time(lambda: db.rows("SELECT 1")))
                 for route, (_, path) in routes.items():
+                    if route == COLD:
+                        app.state.dashboard._squatting.clear()
                     timings[route].samples.append(_time(lambda path=path: ok(api.get(path))))
                 progress.advance(task)
     return timings
@@ -274,10 +280,12 @@ def report(project: str, one: dict[str, Timing], whole: dict[str, Timing], clust
     ok_all = True
     for name in [TRIVIAL, *routes]:
         a, b = one[name], whole[name]
-        page = routes[name][0] if name in routes else ""
+        page = "(shown only)" if name == COLD else routes[name][0] if name in routes else ""
         vs_trivial = max(a.p99 / one[TRIVIAL].p99, b.p99 / whole[TRIVIAL].p99)
         growth = b.p99 / a.p99
-        good = name == TRIVIAL or (vs_trivial <= 10 and growth <= 2)
+        # The recomputed squatting row shows what a read after an idle job's posting costs; the
+        # route as served is the "squatting" row.
+        good = name in (TRIVIAL, COLD) or (vs_trivial <= 10 and growth <= 2)
         ok_all &= good
         style = "" if good else "red"
         table.add_row(
