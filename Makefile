@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots clean
+.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots slurm-packages clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -39,8 +39,11 @@ up: install jars ## start the platform in the background (no replay)
 down: ## stop what demo/up started
 	-$(BIN)/allmende down
 
-test: install jars ## run all tests (starts its own Kafka unless KAFKA_BOOTSTRAP_SERVERS is set)
+test: install jars slurm-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
 	$(BIN)/pytest --cov --cov-report=term:skip-covered
+
+slurm-packages: ## Debian's Slurm 22.05, munge, MariaDB, Lua modules (root; tests/slurm skips without them)
+	@if [ "$$(id -u)" = 0 ]; then infra/slurm/install.sh; else echo "not root: tests/slurm will be skipped"; fi
 
 test-unit: install ## only the pure-domain tests
 	$(BIN)/pytest tests/unit

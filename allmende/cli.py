@@ -21,6 +21,7 @@ from allmende.cli_budget import apply as budget_apply
 from allmende.cli_budget import balance as budget_balance
 from allmende.cli_budget import budget_app
 from allmende.cli_fairshare import fairshare
+from allmende.cli_slurm import slurm_app
 from allmende.settings import PROJECT_ROOT, Settings
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(budget_app, name="budget")
 app.command("fairshare")(fairshare)
 app.add_typer(host_app, name="host")
+app.add_typer(slurm_app, name="slurm")
 app.command("preempt")(preempt)
 console = Console()
 

@@ -1,0 +1,80 @@
+"""`allmende slurm ...`: the Slurm integration's spool and configuration (integrations/slurm).
+
+Wire into allmende/cli.py with:  app.add_typer(slurm_app, name="slurm")
+(after `from allmende.cli_slurm import slurm_app`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import httpx
+import typer
+
+from allmende.api_client import console
+from allmende.settings import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+slurm_app = typer.Typer(
+    help="The Slurm integration: flush its event spool, check its configuration.", no_args_is_help=True
+)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="allmende.json (default: $ALLMENDE_SLURM_CONFIG, next to $SLURM_CONF, "
+                 "/etc/slurm/allmende.json)"),
+]  # fmt: skip
+
+
+def _integration(module: str) -> ModuleType:
+    """integrations/ is not an installed package: import it from the checkout."""
+    import importlib
+
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT))
+    return importlib.import_module(f"integrations.slurm.{module}")
+
+
+def _config(path: Path | None) -> Any:
+    config = _integration("config")
+    try:
+        return config.load_config(path)
+    except config.ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+@slurm_app.command("flush")
+def flush(config: ConfigOption = None) -> None:
+    """Send the job events the hooks spooled while Kafka was away (exit 1 if some are left)."""
+    cfg = _config(config)
+    spool = _integration("spool").Spool(cfg.spool_dir)
+    sent, left = spool.flush(cfg.bootstrap, cfg.send_timeout_s)
+    console.print(f"sent {sent}, left in spool {left} ({cfg.spool_dir})")
+    if left:
+        raise typer.Exit(1)
+
+
+@slurm_app.command("check")
+def check(config: ConfigOption = None) -> None:
+    """Show the configuration in use, ask the API's health and count the spooled events."""
+    cfg = _config(config)
+    console.print(f"config        {cfg.path}")
+    token = "set" if cfg.token else "[red]missing[/red]"
+    console.print(
+        f"api           {cfg.api_url} (timeout {cfg.timeout_s} s, fail_open={cfg.fail_open}, "
+        f"dry_run={cfg.dry_run}, token {token})"
+    )
+    console.print(f"kafka         {cfg.bootstrap} -> {cfg.job_events_topic()}")
+    pending = _integration("spool").Spool(cfg.spool_dir).pending()
+    console.print(f"spool         {cfg.spool_dir}: {len(pending)} event(s) waiting")
+    try:
+        health = httpx.get(f"{cfg.api_url.rstrip('/')}/healthz", timeout=cfg.timeout_s)
+        console.print(f"api health    HTTP {health.status_code}")
+    except httpx.HTTPError as exc:
+        console.print(f"api health    [red]unreachable: {exc!r}[/red]")
+        raise typer.Exit(1) from None

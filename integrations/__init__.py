@@ -1,0 +1,1 @@
+"""Integrations of real schedulers with the platform (integrations/slurm)."""

@@ -1,0 +1,103 @@
+"""A real Slurm 22.05 (infra/slurm) with Allmende's job_submit.lua and lifecycle hooks, and the
+platform (API with its ledger writer, a meter worker) on the shared test broker and chDB.
+
+The Slurm cluster is one per session, in its own state directory and on free ports; the platform
+is one per module (its own topic prefix and database). The integration's config file
+(`<state>/etc/allmende.json`) is rewritten by each test for what it needs: job_submit.lua reads it
+at every submission and the hooks at every run, so no reload is needed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from allmende.kafka_local import free_port
+from allmende.settings import Settings
+from services.api.app import create_app
+from tests.integration.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
+from tests.integration.harness import MeterWorker
+from tests.slurm.slurm_harness import (
+    HOOK,
+    JOB_SUBMIT_LUA,
+    PARTITION,
+    PLAN,
+    PLATFORM_CLUSTER,
+    SLURM_CLUSTER,
+    SLURMCTLD,
+    START,
+    STOP,
+    Platform,
+    SlurmCluster,
+    current_quarter,
+)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    if not SLURMCTLD.exists():
+        pytest.skip(f"{SLURMCTLD} is missing: install Slurm with infra/slurm/install.sh")
+    if os.geteuid() != 0:
+        pytest.skip("infra/slurm/start.sh runs the Slurm daemons as root")
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch is not on PATH (slurm-client)")
+    state = tmp_path_factory.mktemp("slurm")  # short: the munge socket path has a length limit
+    env = {
+        **os.environ,
+        "ALLMENDE_SLURM_DIR": str(state),
+        "ALLMENDE_SLURM_CLUSTER": SLURM_CLUSTER,
+        "ALLMENDE_SLURM_PARTITIONS": PARTITION,
+        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor",
+        "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_DBD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_MYSQL_PORT": str(free_port()),
+        "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
+        "ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK),
+        "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK),
+        "SLURM_CONF": str(state / "etc/slurm.conf"),
+    }
+    for leak in ("SLURM_JOB_ID", "SLURM_JOBID", "ALLMENDE_SLURM_CONFIG"):
+        env.pop(leak, None)
+    cluster = SlurmCluster(state, env)
+    cluster.etc.mkdir(parents=True, exist_ok=True)
+    cluster.configure()
+    started = subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        if started.returncode != 0:
+            pytest.fail(f"infra/slurm/start.sh failed:\n{started.stdout}\n{started.stderr}")
+        yield cluster
+    finally:
+        subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def platform(
+    slurm: SlurmCluster, kafka_bootstrap: str, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Platform]:
+    """The API (real clock) with the quarter's plan applied, and a meter worker."""
+    tag = f"t{uuid.uuid4().hex[:10]}"
+    tmp = tmp_path_factory.mktemp("platform")
+    settings = Settings(
+        kafka_bootstrap_servers=kafka_bootstrap, clickhouse_dsn=chdb_dsn, clickhouse_database=tag,
+        topic_prefix=tag, topic_partitions=2, meter_app_id=f"{tag}-meter", meter_data_dir=tmp / "faust",
+        writer_group=f"{tag}-writer", writer_batch_wait_ms=100, log_json=False,
+    )  # fmt: skip
+    app = create_app(with_tokens(settings))  # the real clock: Slurm's jobs run now
+    with serving(app) as url:
+        period = current_quarter(dt.datetime.now(dt.UTC))
+        body = {"text": plan_text(PLAN.format(period=period, cluster=PLATFORM_CLUSTER))}
+        ok(httpx.post(f"{url}/v1/admin/plan/apply", json=body, headers=ADMIN, timeout=60))
+        meter = MeterWorker(settings, tmp / "logs")
+        try:
+            meter.wait_ready()
+            yield Platform(settings, url, app, meter)
+        finally:
+            meter.kill()
