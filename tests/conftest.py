@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from allmende.settings import Settings
+from tests.tagged_settings import tagged_settings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACES = SHARED / "data" / "traces"
@@ -63,19 +63,7 @@ def chdb_dsn() -> str:
 
 @pytest.fixture
 def settings(kafka_bootstrap: str, chdb_dsn: str, tmp_path: Path) -> Settings:
-    tag = f"t{uuid.uuid4().hex[:10]}"
-    return Settings(
-        kafka_bootstrap_servers=kafka_bootstrap,
-        clickhouse_dsn=chdb_dsn,
-        clickhouse_database=tag,
-        topic_prefix=tag,
-        topic_partitions=4,
-        meter_app_id=f"{tag}-meter",
-        meter_data_dir=tmp_path / "faust",
-        writer_group=f"{tag}-writer",
-        writer_batch_wait_ms=100,
-        log_json=False,
-    )
+    return tagged_settings(kafka_bootstrap, chdb_dsn, tmp_path)
 
 
 @pytest.fixture(scope="session")

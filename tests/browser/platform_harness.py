@@ -9,7 +9,6 @@ Start-up is about half a minute: the meter worker's start and the metering of ~9
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from domain.traces import TraceFormat, TraceJob, read_trace
 from schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted, JobUsageSample
 from tests.integration.budget_harness import live_api, plan_text
 from tests.integration.harness import MeterWorker, wait_until
+from tests.tagged_settings import tagged_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
@@ -133,19 +133,7 @@ class Platform:
 
 
 def platform_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path) -> Settings:
-    tag = f"b{uuid.uuid4().hex[:10]}"
-    return Settings(
-        kafka_bootstrap_servers=kafka_bootstrap,
-        clickhouse_dsn=chdb_dsn,
-        clickhouse_database=tag,
-        topic_prefix=tag,
-        topic_partitions=4,
-        meter_app_id=f"{tag}-meter",
-        meter_data_dir=workdir / "faust",
-        writer_group=f"{tag}-writer",
-        writer_batch_wait_ms=100,
-        log_json=False,
-    )
+    return tagged_settings(kafka_bootstrap, chdb_dsn, workdir, prefix="b")
 
 
 def _usage(client: httpx.Client, project: str) -> int:
