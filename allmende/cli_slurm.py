@@ -1,8 +1,4 @@
-"""`allmende slurm ...`: the Slurm integration's spool and configuration (integrations/slurm).
-
-Wire into allmende/cli.py with:  app.add_typer(slurm_app, name="slurm")
-(after `from allmende.cli_slurm import slurm_app`).
-"""
+"""`allmende slurm ...`: the Slurm integration's spool, configuration and agent (integrations/slurm)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,8 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 slurm_app = typer.Typer(
-    help="The Slurm integration: flush its event spool, check its configuration.", no_args_is_help=True
+    help="The Slurm integration: flush its event spool, check its configuration, run the agent.",
+    no_args_is_help=True,
 )
 
 ConfigOption = Annotated[
@@ -78,3 +75,20 @@ def check(config: ConfigOption = None) -> None:
     except httpx.HTTPError as exc:
         console.print(f"api health    [red]unreachable: {exc!r}[/red]")
         raise typer.Exit(1) from None
+
+
+@slurm_app.command("agent")
+def agent(
+    config: ConfigOption = None,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", min=0.1, help="seconds between passes (default: agent_interval_s)"),
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="one pass, then exit")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="only log what it would do")] = False,
+) -> None:
+    """Make Slurm follow the platform: drained/down nodes as host reports (their jobs requeued),
+    queued jobs asked about again (released, cancelled or left held). Runs until stopped."""
+    code = _integration("agent").run_agent(config, interval, once, dry_run)
+    if code:
+        raise typer.Exit(code)

@@ -58,6 +58,16 @@ class SlurmConfig:
     send_timeout_s: float = 5.0
     scontrol: str = "scontrol"
     sacct: str = "sacct"
+    # the agent (integrations/slurm/agent.py)
+    preemptible_qos: str = "preemptible"
+    agent_interval_s: float = 30.0
+    agent_timeout_s: float = 10.0
+    agent_log_file: Path | None = None  # default: <spool_dir>/agent.log
+    agent_requeue: bool = True  # requeue the jobs on a node drained or down with a reason
+    agent_release: bool = True  # ask again about queued jobs; release, cancel or leave them
+    sinfo: str = "sinfo"
+    squeue: str = "squeue"
+    scancel: str = "scancel"
 
     # -- the mappings, as job_submit.lua applies them ------------------------------------------
     def cluster_of(self, partition: str) -> str:
@@ -88,6 +98,10 @@ class SlurmConfig:
     def hook_log(self) -> Path:
         return self.log_file or self.spool_dir / "hooks.log"
 
+    @property
+    def agent_log(self) -> Path:
+        return self.agent_log_file or self.spool_dir / "agent.log"
+
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     if explicit:
@@ -101,7 +115,7 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return DEFAULT_PATH
 
 
-_PATHS = {"spool_dir", "log_file"}
+_PATHS = {"spool_dir", "log_file", "agent_log_file"}
 _TUPLES = {"interactive_qos"}
 
 

@@ -4,8 +4,9 @@ submission (POST /v1/admission) and acts on the verdict.
 
   reject -> the submission fails; the user sees the API's sentence (slurm.log_user)
   admit  -> the job is submitted; in the opportunistic lane its QOS becomes `preemptible_qos`
-  queue  -> the job is submitted held (priority 0), the reason in its comment
-            (releasing it when the platform has room is a later increment: `scontrol release`)
+  queue  -> the job is submitted held (priority 0), the reason in its comment and the request
+            next to the admission id (`allmende-request:<JSON>`); the agent
+            (integrations/slurm/agent.py) asks again and releases or cancels it
 
 The admission job id ("slurm-<cluster>-<time>-<random>") is generated here, because Slurm assigns
 its own job id only after job_submit, and stored in the job's admin_comment (or comment, see
@@ -343,8 +344,11 @@ end
 
 -- -- acting on the answer ---------------------------------------------------------------------
 
-local function tag_job(job_desc, cfg, admission_id, note)
+-- `extra` (one word, no spaces) follows the tag: a queued job's request, for the agent
+-- (integrations/slurm/agent.py) to ask again with.
+local function tag_job(job_desc, cfg, admission_id, note, extra)
   local tag = "allmende:" .. admission_id
+  if extra then tag = tag .. " " .. extra end
   if cfg.id_field == "comment" then
     local c = job_desc.comment
     local text = tag
@@ -441,7 +445,14 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     slurm.log_user("%s", sentence ~= "" and sentence or "allmende: rejected by the GPU budget service")
     return slurm.ESLURM_ACCOUNTING_POLICY or slurm.ERROR
   elseif verdict == "queue" then
-    tag_job(job_desc, cfg, body.job_id, "allmende: queued: " .. sentence)
+    -- The request itself (compact JSON: no spaces, no "=") goes next to the id, so that the
+    -- agent asks again with exactly what was asked now.
+    local stored = nil
+    local enc_ok, encoded = pcall(cjson.encode, body)
+    if enc_ok and type(encoded) == "string" and not encoded:find("[%s=]") then
+      stored = "allmende-request:" .. encoded
+    end
+    tag_job(job_desc, cfg, body.job_id, "allmende: queued: " .. sentence, stored)
     job_desc.priority = 0
     log_info("%s: queued, submitted held (priority 0): %s", label, sentence)
     slurm.log_user("allmende: the job is held for now: %s", sentence)

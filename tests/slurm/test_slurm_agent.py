@@ -1,0 +1,217 @@
+"""The Slurm agent (integrations/slurm/agent.py) against the real local Slurm: a drained node is a
+host report and its jobs are requeued; a queued job is released once the platform admits it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from integrations.slurm.scontrol import parse_job
+from tests.integration.budget_harness import ADMIN, ok
+from tests.slurm.slurm_harness import (
+    PLATFORM_CLUSTER,
+    ROOT,
+    Platform,
+    SlurmCluster,
+    current_quarter,
+    hook_python,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slurm
+# Longer than sinfo's default column: the agent must read it whole.
+REASON = "xid 79 on GPU 3, fallen off the bus (ticket 4711)"
+
+
+class RunningAgent:
+    """`python -m integrations.slurm.agent` as a process, with its log read from where it was."""
+
+    def __init__(self, slurm: SlurmCluster, stderr: Path) -> None:
+        self.slurm = slurm
+        self.log_file = slurm.spool / "agent.log"
+        self.offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        command = [hook_python(), "-m", "integrations.slurm.agent", "--config", str(slurm.config_file)]
+        self.stderr = stderr.open("w")
+        self.proc = subprocess.Popen(
+            [*command, "--interval", "1"],
+            cwd=ROOT,
+            env=slurm.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
+
+    def log(self) -> str:
+        if not self.log_file.exists():
+            return ""
+        with self.log_file.open() as f:
+            f.seek(self.offset)
+            return f.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.stderr.close()
+
+
+@pytest.fixture
+def agent(slurm: SlurmCluster, platform: Platform, tmp_path: Path) -> Iterator[RunningAgent]:
+    slurm.configure(**platform.config())
+    running = RunningAgent(slurm, tmp_path / "agent.err")
+    try:
+        wait_for(lambda: "agent started" in running.log(), 30, "the agent to start")
+        yield running
+    finally:
+        running.stop()
+        slurm.configure(**platform.config())
+
+
+def _job_id(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"sbatch failed: {result.stderr}"
+    return result.stdout.strip().split(";")[0]
+
+
+def _show(slurm: SlurmCluster, job: str) -> str:
+    out = slurm.run("scontrol", "show", "job", "-o", job).stdout
+    return next((ln for ln in out.splitlines() if ln.startswith("JobId=")), "")
+
+
+def _held(slurm: SlurmCluster, job: str) -> bool:
+    priority, _, reason = slurm.squeue(job, "%Q|%r").partition("|")
+    return priority == "0" or reason.startswith("JobHeld")
+
+
+def _node(slurm: SlurmCluster) -> str:
+    nodes = slurm.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
+    assert nodes, "sinfo shows no node"
+    return nodes[0]
+
+
+def test_a_drained_node_is_reported_unhealthy_and_every_job_on_it_requeued(
+    agent: RunningAgent, platform: Platform
+) -> None:
+    slurm = agent.slurm
+    node = _node(slurm)
+    host = (PLATFORM_CLUSTER, node)
+    # At start the agent reports every node's state once: this one healthy.
+    wait_for(
+        lambda: f"host {node} of cluster {PLATFORM_CLUSTER}: reported healthy" in agent.log(), 15, "a report"
+    )
+    gres = ("--gres=gpu:h100:2", "-t", "10", "--wrap", "sleep 120")
+    standard = _job_id(slurm.sbatch("-A", "rich", *gres))
+    high = _job_id(slurm.sbatch("-A", "rich", "--qos=high", *gres))  # non-preemptible
+    jobs = (standard, high)
+    try:
+        for job in jobs:
+            wait_for(lambda job=job: slurm.hook_ran("prolog", job), 30, f"job {job} to start")
+        high_id = slurm.platform_id(high)
+        assert high_id is not None
+        assert platform.admission.state.decisions[high_id].priority_class == "non-preemptible"
+
+        drained = slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={REASON}")
+        assert drained.returncode == 0, drained.stderr
+        wait_for(
+            lambda: host in platform.admission.state.unhealthy, 15, "the platform to have the host report"
+        )
+        for job in jobs:
+            ended = wait_for(
+                lambda job=job: "JobPreempted" in (slurm.hook_ran("epilog", job) or ""),
+                30,
+                f"job {job} requeued",
+            )
+            assert ended
+            wait_for(
+                lambda job=job: parse_job(_show(slurm, job)).state == "PENDING", 15, f"job {job} pending"
+            )
+            shown = parse_job(_show(slurm, job))
+            assert shown.restarts == 1, shown.raw
+            # The reason is on the job (the admin comment, after the admission id) and in the log.
+            assert shown.admin_comment.startswith("allmende:slurm-"), shown.admin_comment
+            assert re.search(
+                rf"allmende: requeued \S+: node {node} drain\w*: {re.escape(REASON)}", shown.admin_comment
+            )
+            assert f"job {job}: requeued: node {node}" in agent.log()
+        log = agent.log()
+        assert re.search(
+            rf"host {node} of cluster {PLATFORM_CLUSTER}: reported unhealthy "
+            rf"\(slurm: node {node} drain\w*: {re.escape(REASON)}\)",
+            log,
+        ), log
+    finally:
+        slurm.run("scancel", *jobs)
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    wait_for(
+        lambda: host not in platform.admission.state.unhealthy, 15, "the platform to have it healthy again"
+    )
+    assert agent.log().count(f"host {node} of cluster {PLATFORM_CLUSTER}: reported healthy") == 2
+    for job in jobs:
+        assert slurm.wait_done(job)["State"].startswith("CANCELLED")
+    # One report per change: a few more passes add none.
+    time.sleep(2.5)
+    assert len(re.findall(rf"host {node} of cluster \S+: reported", agent.log())) == 3
+
+
+def test_a_queued_job_is_released_once_an_admin_grants_budget(
+    agent: RunningAgent, platform: Platform
+) -> None:
+    slurm = agent.slurm
+    # Over budget and preemptible, on all 8 GPUs: the opportunistic lane.
+    blocker = _job_id(
+        slurm.sbatch(
+            "-A", "poor", "--qos=preemptible", "--gres=gpu:h100:8", "-t", "60", "--wrap", "sleep 120"
+        )
+    )
+    queued = ""
+    try:
+        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start")
+        # Over budget, preemptible, no idle GPUs: queued, submitted held.
+        held = slurm.sbatch(
+            "-A", "poor", "--qos=preemptible", "--gres=gpu:h100:4", "-t", "120", "--wrap", "sleep 2"
+        )
+        queued = _job_id(held)
+        assert "held for now" in held.stderr, held.stderr
+        job = parse_job(_show(slurm, queued))
+        admission_id = job.admission_id()
+        assert admission_id is not None and "allmende-request:{" in job.admin_comment, job.admin_comment
+        first = platform.admission.state.decisions[admission_id]
+        assert (first.verdict, first.attempt, first.project) == ("queue", 1, "broke")
+
+        # The agent asks again every second (dry run first): still queued, nothing recorded.
+        wait_for(lambda: f"job {queued}: {admission_id}: still queued" in agent.log(), 15, "the agent to ask")
+        time.sleep(1.5)
+        assert platform.admission.state.decisions[admission_id].attempt == 1
+        assert _held(slurm, queued)
+
+        grant = {
+            "project": "broke",
+            "allocation_id": "broke-extra",
+            "period": current_quarter(dt.datetime.now(dt.UTC)),
+            "gpu_hours": 1000,
+            "reason": "test: more GPU-hours for broke",
+        }
+        ok(httpx.post(f"{platform.url}/v1/admin/allocations", json=grant, headers=ADMIN, timeout=30))
+        wait_for(lambda: not _held(slurm, queued), 30, "the queued job to be released")
+        assert int(slurm.squeue(queued, "%Q")) > 0
+        decision = platform.admission.state.decisions[admission_id]
+        assert (decision.verdict, decision.lane, decision.attempt) == ("admit", "budget", 2)
+        assert slurm.squeue(queued, "%k").startswith("allmende: admitted (lane budget):")
+        assert f"job {queued}: {admission_id}: admitted: released (lane budget)" in agent.log()
+    except BaseException:
+        if queued:
+            slurm.run("scancel", queued)
+        raise
+    finally:
+        slurm.run("scancel", blocker)
+    slurm.wait_done(blocker)
+    # The blocker gone, the released job runs (its QOS cannot preempt the blocker's).
+    assert slurm.wait_done(queued, timeout=60)["State"] == "COMPLETED"
