@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots slurm-packages clean
+.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots system-packages clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -39,11 +39,13 @@ up: install jars ## start the platform in the background (no replay)
 down: ## stop what demo/up started
 	-$(BIN)/allmende down
 
-test: install jars slurm-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
+test: install jars system-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
 	$(BIN)/pytest --cov --cov-report=term:skip-covered
 
-slurm-packages: ## Debian's Slurm 22.05, munge, MariaDB, Lua modules (root; tests/slurm skips without them)
-	@if [ "$$(id -u)" = 0 ]; then infra/slurm/install.sh; else echo "not root: tests/slurm will be skipped"; fi
+system-packages: ## Debian's chromium (browser tests) and Slurm 22.05 with munge, MariaDB, Lua (tests/slurm); as root
+	@if [ "$$(id -u)" != 0 ]; then echo "not root: install chromium and infra/slurm/install.sh's packages yourself"; \
+	else command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y --no-install-recommends chromium); infra/slurm/install.sh; fi
 
 test-unit: install ## only the pure-domain tests
 	$(BIN)/pytest tests/unit

@@ -15,6 +15,8 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,6 +202,22 @@ class LocalBroker:
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         log.info("kafka_stopped", pid=pid)
+
+
+@contextmanager
+def broker_for_run(home: Path, say: Callable[[str], None] = print) -> Iterator[str]:
+    """The bootstrap of KAFKA_BOOTSTRAP_SERVERS if set, else of a local broker started in `home`
+    on free ports and stopped after: what the benchmarks and scripts run against."""
+    if bootstrap := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield bootstrap
+        return
+    broker = LocalBroker(home, port=free_port(), controller_port=free_port())
+    say("starting a local Kafka broker")
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 def wait_for_kafka(bootstrap: str, timeout: float = 90.0, is_alive: object = None) -> None:

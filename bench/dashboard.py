@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -308,7 +307,7 @@ def main() -> None:
     add("--idle-share", type=float, default=0.05, help="share of jobs replayed as idle placeholders")
     args = parser.parse_args()
 
-    from allmende.kafka_local import LocalBroker, free_port
+    from allmende.kafka_local import broker_for_run
 
     trace = read_trace(TRACE, TraceFormat.ELASTICFLOW)
     args.all_jobs = list(with_idle_placeholders(trace, args.idle_share, seed=1))
@@ -319,13 +318,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="allmende-bench-"))
         args.chdb = f"chdb://{work / 'chdb'}"
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not bootstrap:
-            broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port())
-            console.print("starting a local Kafka broker")
-            broker.start()
-            stack.callback(broker.stop)
-            bootstrap = broker.bootstrap
+        bootstrap = stack.enter_context(broker_for_run(work / "kafka", console.print))
         one = measure(f"one cluster ({args.cluster})", one_jobs, project, args, bootstrap)
         whole = measure("the whole trace", args.all_jobs, project, args, bootstrap)
     met = report(project, one, whole, args.cluster)

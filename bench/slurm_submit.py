@@ -41,7 +41,6 @@ import datetime as dt
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,21 +55,18 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allmende.kafka_local import LocalBroker, free_port  # noqa: E402
+from allmende.kafka_local import broker_for_run  # noqa: E402
 from allmende.settings import Settings  # noqa: E402
 from services.api.app import create_app  # noqa: E402
 from tests.integration.budget_harness import ADMIN, ok, plan_text, serving, with_tokens  # noqa: E402
 from tests.slurm.slurm_harness import (  # noqa: E402
     JOB_SUBMIT_LUA,
-    PARTITION,
     PLAN,
     PLATFORM_CLUSTER,
-    SLURM_CLUSTER,
     SLURMCTLD,
-    START,
-    STOP,
     SlurmCluster,
     current_quarter,
+    running_slurm,
 )
 
 NOOP_LUA = """-- bench/slurm_submit.py: admits every job without asking anything
@@ -107,35 +103,16 @@ class Phase:
 
 @contextlib.contextmanager
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    """infra/slurm/start.sh in a temporary state dir on free ports (tests/slurm/conftest.py's way)."""
+    """The tests' local Slurm (tests/slurm/slurm_harness.py), without the lifecycle hooks."""
     state = Path(tempfile.mkdtemp(prefix="bslurm-"))  # short: the munge socket path has a limit
-    env = {
-        **os.environ,
-        "ALLMENDE_SLURM_DIR": str(state),
-        "ALLMENDE_SLURM_CLUSTER": SLURM_CLUSTER,
-        "ALLMENDE_SLURM_PARTITIONS": PARTITION,
-        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor",
-        "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_DBD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_MYSQL_PORT": str(free_port()),
-        "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
-        "SLURM_CONF": str(state / "etc/slurm.conf"),
-    }
-    for leak in ("SLURM_JOB_ID", "SLURM_JOBID", "ALLMENDE_SLURM_CONFIG"):
-        env.pop(leak, None)
-    cluster = SlurmCluster(state, env)
-    cluster.etc.mkdir(parents=True, exist_ok=True)
-    cluster.configure()
     log("starting Slurm (infra/slurm/start.sh)")
     try:
-        started = subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=180)
-        if started.returncode != 0:
-            raise SystemExit(f"infra/slurm/start.sh failed:\n{started.stdout}\n{started.stderr}")
-        yield cluster
+        with running_slurm(state, hooks=False) as cluster:
+            try:
+                yield cluster
+            finally:
+                log("stopping Slurm (infra/slurm/stop.sh)")
     finally:
-        log("stopping Slurm (infra/slurm/stop.sh)")
-        subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=180)
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -285,13 +262,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="allmende-bench-slurm-"))
         stack.callback(shutil.rmtree, work, True)
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not bootstrap:
-            broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port())
-            log("starting a local Kafka broker")
-            broker.start()
-            stack.callback(broker.stop)
-            bootstrap = broker.bootstrap
+        bootstrap = stack.enter_context(broker_for_run(work / "kafka", log))
         slurm = stack.enter_context(slurm_cluster())
         # Admitted jobs keep their GPUs until the start deadline (1 h), even when cancelled: the
         # platform's cluster is declared large enough that every submission is admitted.

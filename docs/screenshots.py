@@ -47,19 +47,13 @@ def _answers(url: str) -> bool:
 @contextmanager
 def _own_platform() -> Iterator[tuple[str, str, str]]:
     """(url, admin token, project) of a platform started here for the screenshots."""
-    from allmende.kafka_local import LocalBroker, free_port
+    from allmende.kafka_local import broker_for_run
     from tests.browser.platform_harness import ADMIN_TOKEN, running_platform
 
     with ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="allmende-screenshots-"))
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-        if not bootstrap:
-            broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port())
-            say("starting a local Kafka broker")
-            broker.start()
-            stack.callback(broker.stop)
-            bootstrap = broker.bootstrap
+        bootstrap = stack.enter_context(broker_for_run(work / "kafka", say))
         say("starting the API and a meter worker, replaying the trace slice")
         started = time.monotonic()
         platform = stack.enter_context(running_platform(bootstrap, f"chdb://{work / 'chdb'}", work))

@@ -103,7 +103,7 @@ class AdminService:
         """The latest charged instant, when the writer's posting lock makes it exact; else None."""
         if self.writer is None:
             return None
-        return max(self.writer.horizon or 0, self.store.charge_horizon())
+        return self.store.charge_horizon()  # the ledger_horizon view: every posting made
 
     def _posting_paused(self, events: Sequence[AdminEvent]) -> AbstractContextManager[object]:
         # A policy is checked against the charge horizon and published while no batch is being

@@ -91,17 +91,16 @@ class DashboardQueries:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def totals_by(self, project: str | None, by: str, first: dt.date, last: dt.date) -> list[UsageTotals]:
-        """GPU-seconds, charge and idle units per value of `by` (a dimension, or `project`)."""
-        if by not in _DIMENSIONS | {"project"}:
+    def totals_by(self, project: str, by: str, first: dt.date, last: dt.date) -> list[UsageTotals]:
+        """The project's GPU-seconds, charge and idle units per value of the dimension `by`."""
+        if by not in _DIMENSIONS:
             raise ValueError(f"cannot group usage by {by!r}")
-        where = "project = {p:String} AND " if project is not None else ""
         rows = self.db.rows(
             f"SELECT toString({by}) AS k, sum(gpu_seconds) AS s, sum(charge_units) AS u,"
             " sum(idle_units) AS i FROM {db}.usage_daily"
-            f" WHERE {where}day >= {{a:Date}} AND day <= {{b:Date}}"
+            " WHERE project = {p:String} AND day >= {a:Date} AND day <= {b:Date}"
             " GROUP BY k HAVING s != 0 OR u != 0 ORDER BY u DESC, k",
-            {"p": project or "", "a": first, "b": last},
+            {"p": project, "a": first, "b": last},
         )
         return [UsageTotals(k, int(s), int(u), int(i)) for k, s, u, i in rows]
 

@@ -150,35 +150,40 @@ class LedgerStore:
     # -- write side ---------------------------------------------------------------------------
     def append(self, postings: Sequence[Posting]) -> None:
         """One INSERT, one part: the batch lands whole or not at all."""
-        if self._sole_writer:
-            # Moved before the insert: a horizon ahead of the rows only sends a balance down the
-            # exact path; one behind them could take the shortcut for entries not yet closed.
-            charged_to, closed_to = self._horizon()
-            for p in postings:
-                if p.kind is PostingKind.USAGE:
-                    charged_to = max(charged_to, p.piece_end)
-                if p.kind is not PostingKind.REVISION:
-                    closed_to = max(closed_to, p.entry.interval_end)
-            self._known_horizon = (charged_to, closed_to)
+        if not self._sole_writer:
+            self._insert(postings)
+            return
+        # One pass for what this process keeps in memory: the horizon, and per job whether the
+        # batch brings it a piece under the cap.
+        charged_to, closed_to = self._horizon()
+        jobs: dict[tuple[str, str], bool] = {}
+        for p in postings:
+            if p.kind is PostingKind.REVISION:
+                continue
+            if p.kind is PostingKind.USAGE:
+                charged_to = max(charged_to, p.piece_end)
+            closed_to = max(closed_to, p.entry.interval_end)
+            key = (p.entry.project, p.entry.job_id)
+            jobs[key] = jobs.get(key, False) or p.utilization_bp < LOW_UTILIZATION_CAP_BP
+        # The horizon moves before the insert: one ahead of the rows only sends a balance down
+        # the exact path; one behind them could take the shortcut for entries not yet closed.
+        self._known_horizon = (charged_to, closed_to)
         self._insert(postings)
-        if self._sole_writer:
-            self._note_idle(postings)
+        self._note_idle(jobs)
 
-    def _note_idle(self, postings: Sequence[Posting]) -> None:
-        """After the insert: a reader that saw the old version may have read the old rows, and
-        the new version tells it to read again."""
+    def _note_idle(self, jobs: Mapping[tuple[str, str], bool]) -> None:
+        """After the insert (a reader that saw the old version may have read the old rows, and
+        the new version tells it to read again): move the version of every project whose idle
+        jobs the batch reached; `jobs`: (project, job) -> it brought a piece under the cap."""
         with self._idle_lock:
-            for p in postings:
-                if p.kind is PostingKind.REVISION:
-                    continue
-                project, job = p.entry.project, p.entry.job_id
-                jobs = self._idle_jobs.get(project)
-                if jobs is None:
+            for (project, job), low in jobs.items():
+                idle = self._idle_jobs.get(project)
+                if idle is None:
                     self._idle_versions[project] += 1  # nobody reads it yet: move it anyway
                     continue
-                if p.utilization_bp < LOW_UTILIZATION_CAP_BP:
-                    jobs.add(job)
-                if job in jobs:
+                if low:
+                    idle.add(job)
+                if job in idle:
                     self._idle_versions[project] += 1
 
     def idle_version(self, project: str) -> int | None:
@@ -449,10 +454,6 @@ class LedgerStore:
             project, start, end = spans[i]
             rows[project].append(ChargeRow(start, end, cluster, gpu_type, units, secs))
         return {p: ProjectCharges(rows[p], *totals.get(p, (0, 0))) for p in projects}
-
-    def charge_rows(self, project: str, segments: Sequence[tuple[int, int]], as_of: int) -> list[ChargeRow]:
-        """One project's charges clipped to each segment, per cluster and GPU type (`charges_of`)."""
-        return self.charges_of({project: segments}, as_of)[project].rows
 
     def project_charges(self, project: str, as_of: int) -> tuple[int, int]:
         """(charge units, GPU-seconds) of every entry of the project closed by `as_of`."""

@@ -101,7 +101,6 @@ class LedgerWriter:
         # it too, so no batch can charge usage past the policy's start while the policy is checked
         # against the charge horizon and published.
         self.posting_lock = threading.Lock()
-        self.horizon: int | None = None  # latest charged instant; None until the writer has started
         self.topic = settings.ledger_entries_topic
         self.consumer_name = consumer_name or settings.writer_group
         self._cache = _JobCache(store)
@@ -143,9 +142,6 @@ class LedgerWriter:
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
         self._cache.accept(accepted.values())
-        ends = [p.piece_end for p in postings if p.gpu_seconds > 0]
-        if ends:
-            self.horizon = max(self.horizon or 0, *ends)
         ENTRIES_READ.inc(len(records))
         ENTRIES_STALE.inc(len(entries) - len(accepted))
         POSTINGS_WRITTEN.inc(len(postings))
@@ -179,7 +175,6 @@ class LedgerWriter:
         s = self.settings
         report = self.store.reconcile()
         log.info("ledger_reconciled", **asdict(report))
-        self.horizon = self.store.charge_horizon()
         if self.admin_log is None:
             self.admin_log = AdminLog(s, dead_letters=False)
         admin_log = self.admin_log

@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 
 from integrations.slurm.config import ConfigError, SlurmConfig, load_config
+from integrations.slurm.log import LineLog
 from integrations.slurm.scontrol import SlurmJob, fields, parse_job
 
 UNHEALTHY_STATES = frozenset({"drained", "draining", "drain", "down", "fail", "failing"})
@@ -54,28 +55,6 @@ REQUEST_KEYS = frozenset(
      "requested_hours"}
 )  # fmt: skip
 MAX_REQUEUE_TRIES = 3
-
-
-class AgentLog:
-    """Lines to the agent's log file and to stderr."""
-
-    def __init__(self, path: Path | None, echo: bool = True) -> None:
-        self.path = path
-        self.echo = echo
-
-    def __call__(self, message: str) -> None:
-        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {message}\n"
-        if self.echo:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        if self.path is None:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(line)
-        except OSError:
-            pass
 
 
 # -- what Slurm shows ----------------------------------------------------------------------------
@@ -500,7 +479,7 @@ def run_agent(config: str | Path | None, interval: float | None, once: bool, dry
     except ConfigError as exc:
         sys.stderr.write(f"allmende slurm agent: {exc}\n")
         return 2
-    log = AgentLog(cfg.agent_log)
+    log = LineLog(cfg.agent_log, echo=True)  # to its file and to stderr
     agent = Agent(cfg, log, dry_run=dry_run or cfg.dry_run)
     if once:
         agent.run_once()

@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from integrations.slurm.config import ConfigError, SlurmConfig, load_config
+from integrations.slurm.log import LineLog
 from integrations.slurm.scontrol import REQUEUED_STATES, SlurmJob, accounted_end, hostnames, show_job
 from integrations.slurm.spool import Spool
 from schemas.events import (
@@ -55,23 +56,6 @@ from schemas.events import (
 MAX_REQUESTED_SECONDS = 366 * 86_400
 SUCCEEDED_STATES = {"COMPLETED"}
 CANCELLED_STATES = {"CANCELLED"}
-
-
-class HookLog:
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def __call__(self, message: str) -> None:
-        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid={os.getpid()} {message}\n"
-        if self.path is None:
-            sys.stderr.write(line)
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(line)
-        except OSError:
-            sys.stderr.write(line)
 
 
 # -- the run record: what the prolog saw, for the epilog -----------------------------------------
@@ -248,7 +232,7 @@ def _with_accounted_end(event: BaseModel, job_id: str, cfg: SlurmConfig) -> Base
     return event.model_copy(update={"occurred_at": ended})
 
 
-def run_hook(kind: str, cfg: SlurmConfig, log: HookLog, env: Mapping[str, str] = os.environ) -> int:
+def run_hook(kind: str, cfg: SlurmConfig, log: LineLog, env: Mapping[str, str] = os.environ) -> int:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
         log(f"{kind}: no SLURM_JOB_ID; nothing to do")
@@ -286,7 +270,7 @@ def run_hook(kind: str, cfg: SlurmConfig, log: HookLog, env: Mapping[str, str] =
     return 0
 
 
-def flush(cfg: SlurmConfig, log: HookLog) -> tuple[int, int]:
+def flush(cfg: SlurmConfig, log: LineLog) -> tuple[int, int]:
     """Send what the spool holds: (sent, left)."""
     spool = Spool(cfg.spool_dir)
     sent, left = spool.flush(cfg.bootstrap, cfg.send_timeout_s)
@@ -302,10 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
     except ConfigError as exc:
-        HookLog(None)(f"{args.kind}: {exc}")
+        LineLog(None, with_pid=True)(f"{args.kind}: {exc}")
         _syslog(f"allmende slurm {args.kind}: {exc}")
         return 0 if args.kind != "flush" else 2
-    log = HookLog(cfg.hook_log)
+    log = LineLog(cfg.hook_log, with_pid=True)
     if args.kind == "flush":
         sent, left = flush(cfg, log)
         sys.stdout.write(f"sent {sent}, left in spool {left} ({cfg.spool_dir})\n")

@@ -118,15 +118,6 @@ class DashboardViews:
         return Period(name, start, end, min(max(clock, start), end))
 
     # -- one project --------------------------------------------------------------------------
-    def _balance(self, state: AdminState, project: str, as_of: int | None) -> ProjectBalance:
-        # The same path as `allmende budget balance`: the page's numbers are the balance's.
-        return self.admin.balance(project, as_of, state)
-
-    def project_burn(
-        self, state: AdminState, project: str, period: Period, as_of_given: bool
-    ) -> tuple[BurnRate, ProjectBalance]:
-        return self.project_burns_of(state, [project], period, as_of_given)[project]
-
     def project_burns_of(
         self,
         state: AdminState,
@@ -159,7 +150,10 @@ class DashboardViews:
         return found
 
     def burn(self, state: AdminState, project: str, period: Period, as_of_given: bool) -> m.BurnOut:
-        return _burn_out(project, period, *self.project_burn(state, project, period, as_of_given))
+        # The same balance as `allmende budget balance`: the page's numbers are the balance's.
+        return _burn_out(
+            project, period, *self.project_burns_of(state, [project], period, as_of_given)[project]
+        )
 
     def breakdown(self, project: str, period: Period, by: str) -> m.BreakdownOut:
         totals = self.queries.totals_by(project, by, period.first_day, period.last_day)

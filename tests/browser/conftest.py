@@ -1,7 +1,7 @@
 """The browser tests' fixtures: the real platform (once for this package) and a headless Chromium.
 
-Playwright drives the system's chromium (`/usr/bin/chromium`, Debian's package; .ci/run installs
-it where missing): never `playwright install`, which downloads a browser and fails offline.
+Playwright drives the system's chromium (`/usr/bin/chromium`, Debian's package; `make test`
+installs it where missing): never `playwright install`, which downloads a browser and fails offline.
 """
 
 from __future__ import annotations

@@ -12,31 +12,24 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from allmende.kafka_local import free_port
 from allmende.settings import Settings
 from services.api.app import create_app
 from tests.integration.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
 from tests.integration.harness import MeterWorker
 from tests.slurm.slurm_harness import (
-    HOOK,
-    JOB_SUBMIT_LUA,
-    PARTITION,
     PLAN,
     PLATFORM_CLUSTER,
-    SLURM_CLUSTER,
     SLURMCTLD,
-    START,
-    STOP,
     Platform,
     SlurmCluster,
     current_quarter,
+    running_slurm,
 )
 
 
@@ -48,34 +41,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         pytest.skip("infra/slurm/start.sh runs the Slurm daemons as root")
     if shutil.which("sbatch") is None:
         pytest.skip("sbatch is not on PATH (slurm-client)")
-    state = tmp_path_factory.mktemp("slurm")  # short: the munge socket path has a length limit
-    env = {
-        **os.environ,
-        "ALLMENDE_SLURM_DIR": str(state),
-        "ALLMENDE_SLURM_CLUSTER": SLURM_CLUSTER,
-        "ALLMENDE_SLURM_PARTITIONS": PARTITION,
-        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor",
-        "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_DBD_PORT": str(free_port()),
-        "ALLMENDE_SLURM_MYSQL_PORT": str(free_port()),
-        "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
-        "ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK),
-        "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK),
-        "SLURM_CONF": str(state / "etc/slurm.conf"),
-    }
-    for leak in ("SLURM_JOB_ID", "SLURM_JOBID", "ALLMENDE_SLURM_CONFIG"):
-        env.pop(leak, None)
-    cluster = SlurmCluster(state, env)
-    cluster.etc.mkdir(parents=True, exist_ok=True)
-    cluster.configure()
-    started = subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=180)
-    try:
-        if started.returncode != 0:
-            pytest.fail(f"infra/slurm/start.sh failed:\n{started.stdout}\n{started.stderr}")
+    with running_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
-    finally:
-        subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=180)
 
 
 @pytest.fixture(scope="module")

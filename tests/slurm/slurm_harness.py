@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from allmende.kafka_local import free_port
 from allmende.settings import Settings
 from tests.integration.harness import MeterWorker, wait_until
 
@@ -185,3 +188,39 @@ def hook_python() -> str:
 
 def wait_for(check: Any, timeout: float, what: str) -> Any:
     return wait_until(check, timeout, what, every=0.2)
+
+
+@contextlib.contextmanager
+def running_slurm(state: Path, hooks: bool = True) -> Iterator[SlurmCluster]:
+    """infra/slurm/start.sh in `state` (short: the munge socket path has a length limit) on free
+    ports, with Allmende's job_submit.lua and, with `hooks`, its lifecycle hooks; stopped after."""
+    env = {
+        **os.environ,
+        "ALLMENDE_SLURM_DIR": str(state),
+        "ALLMENDE_SLURM_CLUSTER": SLURM_CLUSTER,
+        "ALLMENDE_SLURM_PARTITIONS": PARTITION,
+        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor",
+        "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_DBD_PORT": str(free_port()),
+        "ALLMENDE_SLURM_MYSQL_PORT": str(free_port()),
+        "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
+        **(
+            {"ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK), "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK)}
+            if hooks
+            else {}
+        ),
+        "SLURM_CONF": str(state / "etc/slurm.conf"),
+    }
+    for leak in ("SLURM_JOB_ID", "SLURM_JOBID", "ALLMENDE_SLURM_CONFIG"):
+        env.pop(leak, None)
+    cluster = SlurmCluster(state, env)
+    cluster.etc.mkdir(parents=True, exist_ok=True)
+    cluster.configure()
+    try:
+        started = subprocess.run([str(START)], env=env, capture_output=True, text=True, timeout=180)
+        if started.returncode != 0:
+            raise RuntimeError(f"infra/slurm/start.sh failed:\n{started.stdout}\n{started.stderr}")
+        yield cluster
+    finally:
+        subprocess.run([str(STOP)], env=env, capture_output=True, text=True, timeout=180)
