@@ -7,8 +7,10 @@
 #   ALLMENDE_SLURM_ACCOUNTS_LIST  accounts to create under root      (default: allmende)
 #   ALLMENDE_SLURM_USERS          users added to every account above  (default: root)
 #
-# QOS: normal (default), preemptible (PreemptMode=requeue), high; normal and high may preempt
-# preemptible. Every user gets all three, default normal, default account the first account.
+# QOS: normal (default), preemptible, high, ordered by their priority (100000, 10000, 0 with
+# slurm.conf's PriorityWeightQOS). None preempts another: Slurm's preemption is off
+# (PreemptType=preempt/none) and the Allmende agent stops the victims the API names.
+# Every user gets all three, default normal, default account the first account.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
@@ -30,9 +32,10 @@ fi
 for q in normal preemptible high; do
   exists qos name "$q" || sam add qos "$q" >/dev/null
 done
+# Preempt= (empty) clears a list an earlier version of this script set
 sam modify qos preemptible set PreemptMode=requeue Priority=0 >/dev/null || true
-sam modify qos normal set Preempt=preemptible Priority=10 >/dev/null || true
-sam modify qos high set Preempt=preemptible Priority=100 >/dev/null || true
+sam modify qos normal set Preempt= Priority=10000 >/dev/null || true
+sam modify qos high set Preempt= Priority=100000 >/dev/null || true
 
 first_account=""
 for a in ${ACCOUNTS//,/ }; do

@@ -267,10 +267,18 @@ AccountingStorageTRES=gres/gpu,gres/gpu:$GPU_TYPE
 AccountingStorageEnforce=associations,limits,qos
 JobCompType=jobcomp/none
 
+# The platform orders the pending queue: its fair share reaches Slurm as each pending job's Nice
+# (the agent), so Slurm's own fair-share weight is 0; the QOS (priority class) comes first.
 PriorityType=priority/multifactor
 PriorityWeightFairshare=0
-PreemptType=preempt/qos
-PreemptMode=REQUEUE
+PriorityWeightAge=0
+PriorityWeightJobSize=0
+PriorityWeightPartition=0
+PriorityWeightQOS=1000000
+# Slurm never preempts on its own: the agent stops the victims the admission API names, so the
+# lanes alone decide who may be preempted (docs/slurm.md).
+PreemptType=preempt/none
+PreemptMode=OFF
 JobRequeue=1
 
 # quick turnaround for tests

@@ -18,6 +18,16 @@
    the opportunistic lane); `reject` -> the comment says why and the job is cancelled
    (`scancel`); `queue` -> left held.
 
+3. Preemption: for a pending job (not held) that the API admitted naming victims (the recorded
+   decision, `GET /v1/admission/{id}`), the agent stops the victims still running: `scontrol
+   requeue` (or `scancel` with `preempt_action: cancel`), the reason in each victim's admin
+   comment. Slurm's own preemption is off (`PreemptType=preempt/none`): the API alone picks the
+   victims, in its order (unhealthy hosts, opportunistic, then by fair share), so Slurm can
+   neither pick others nor preempt a job the lanes protect. Each plan is carried out once.
+4. Fair-share order: every pending job's Nice is set to -round(factor x `fairshare_nice_scale`)
+   from the platform's fair-share factor of its project (`GET /v1/fairshare`); with Slurm's
+   fair-share weight at 0 the pending queue follows the platform's fair share within a QOS.
+
 With `dry_run` (the config's or `--dry-run`) the agent only logs what it would do: no host
 reports, no requeue, no release or cancel, admission asked with `?dry_run=true` only.
 
@@ -35,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, Decimal
 from pathlib import Path
@@ -55,6 +65,9 @@ REQUEST_KEYS = frozenset(
      "requested_hours"}
 )  # fmt: skip
 MAX_REQUEUE_TRIES = 3
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
+CLASS_RANK = {"non-preemptible": 0, "standard": 1, "preemptible": 2}  # the order held jobs are asked in
+DEFAULT_FACTOR = 0.5  # a project without a factor yet: exactly at its share (as domain/preemption.py)
 
 
 # -- what Slurm shows ----------------------------------------------------------------------------
@@ -193,6 +206,14 @@ class Slurm:
     def cancel(self, job_id: str) -> subprocess.CompletedProcess[str]:
         return self.run(self.cfg.scancel, job_id)
 
+    def cluster_name(self) -> str:
+        """Slurm's ClusterName: the hooks' job ids of jobs without an admission id carry it."""
+        out = self.run(self.cfg.scontrol, "show", "config")
+        m = re.search(r"^ClusterName\s*=\s*(\S+)", out.stdout, re.MULTILINE)
+        if out.returncode != 0 or not m:
+            raise RuntimeError(f"scontrol show config: no ClusterName ({out.stderr.strip()})")
+        return m.group(1)
+
 
 def _env() -> dict[str, str]:
     import os
@@ -218,6 +239,37 @@ def queued_jobs(jobs: Sequence[tuple[SlurmJob, dict[str, str]]], cfg: SlurmConfi
     return found
 
 
+def _pending(job: SlurmJob) -> bool:
+    return job.state.split()[0:1] == ["PENDING"]
+
+
+def _held(job: SlurmJob, first: dict[str, str]) -> bool:
+    return first.get("Priority") == "0" or job.reason.startswith("JobHeld")
+
+
+def running_by_platform_id(
+    jobs: Sequence[tuple[SlurmJob, dict[str, str]]], cfg: SlurmConfig, cluster_name: str
+) -> dict[str, SlurmJob]:
+    """Running jobs under the ids the platform knows them by: the admission id, else the hooks'
+    `slurm-<ClusterName>-<job id>` (integrations/slurm/lifecycle.py)."""
+    found = {}
+    for job, _ in jobs:
+        if job.state.split()[0:1] and job.state.split()[0] in RUNNING_STATES:
+            found[job.admission_id(cfg.id_field) or f"slurm-{cluster_name}-{job.job_id}"] = job
+    return found
+
+
+def _numeric_id(job_id: str) -> int:
+    head = job_id.split("_")[0]  # array tasks: 12_3
+    return int(head) if head.isdigit() else 0
+
+
+def nice_of(factor: float, scale: int) -> int:
+    """A higher fair-share factor, a lower Nice, a higher priority (negative Nice needs an admin:
+    the agent runs as root or SlurmUser)."""
+    return -round(min(max(factor, 0.0), 1.0) * scale)
+
+
 # -- the agent -----------------------------------------------------------------------------------
 
 
@@ -240,6 +292,10 @@ class Agent:
     requeued: dict[str, dict[str, int]] = field(default_factory=dict)
     # job id -> the last thing logged about it (log changes only)
     said: dict[str, str] = field(default_factory=dict)
+    # admission ids of pending jobs whose recorded preemption plan was carried out (or needs none)
+    planned: set[str] = field(default_factory=set)
+    fairshare_problem: str = ""  # the last reason the factors could not be read (log changes only)
+    _cluster_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.slurm is None:
@@ -266,11 +322,24 @@ class Agent:
             self.follow_nodes()
         except Exception as exc:  # a failed pass is logged; the next one tries again
             self.log(f"nodes: {type(exc).__name__}: {exc}")
-        if self.cfg.agent_release:
+        if not (self.cfg.agent_release or self.cfg.agent_preempt or self.cfg.fairshare_nice_scale):
+            return
+        try:
+            jobs = self.sl.jobs()
+            factors = self.fairshare_factors() if any(_pending(job) for job, _ in jobs) else {}
+        except Exception as exc:
+            self.log(f"jobs: {type(exc).__name__}: {exc}")
+            return
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("queued jobs", lambda: self.follow_queued(jobs, factors)),
+            ("preemptions", lambda: self.follow_preemptions(jobs)),
+            ("fair-share order", lambda: self.follow_fairshare(jobs, factors)),
+        ]
+        for what, step in steps:
             try:
-                self.follow_queued()
-            except Exception as exc:
-                self.log(f"queued jobs: {type(exc).__name__}: {exc}")
+                step()
+            except Exception as exc:  # one step failing leaves the others their turn
+                self.log(f"{what}: {type(exc).__name__}: {exc}")
 
     def run(self, interval: float, stop: threading.Event) -> None:
         mode = " (dry run: logging only)" if self.dry_run else ""
@@ -342,25 +411,158 @@ class Agent:
                          f"[try {tries[job_id]} of {MAX_REQUEUE_TRIES}]")  # fmt: skip
                 continue
             tries[job_id] = MAX_REQUEUE_TRIES
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            note = f"allmende: requeued {stamp}: {why}"
-            old = self.sl.admin_comment(job_id)
-            noted = self.sl.update(job_id, AdminComment=_clean(f"{old} {note}" if old else note, 2000))
-            extra = "" if noted.returncode == 0 else f" (admin comment not updated: {noted.stderr.strip()})"
-            self.log(f"job {job_id}: requeued: {why}{extra}")
+            self.log(f"job {job_id}: requeued: {why}{self._note(job_id, 'requeued', why)}")
+
+    def _note(self, job_id: str, what: str, why: str) -> str:
+        """Appends `allmende: <what> <UTC stamp>: <why>` to the job's admin comment; "" when done,
+        else what went wrong, for the log line."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        note = f"allmende: {what} {stamp}: {why}"
+        old = self.sl.admin_comment(job_id)
+        noted = self.sl.update(job_id, AdminComment=_clean(f"{old} {note}" if old else note, 2000))
+        return "" if noted.returncode == 0 else f" (admin comment not updated: {noted.stderr.strip()})"
+
+    # -- preemptions -----------------------------------------------------------------------------
+    def cluster_name(self) -> str:
+        if self._cluster_name is None:
+            self._cluster_name = self.sl.cluster_name()
+        return self._cluster_name
+
+    def follow_preemptions(self, jobs: Sequence[tuple[SlurmJob, dict[str, str]]]) -> None:
+        """Carries out the recorded plan of every pending job the API admitted naming victims."""
+        if not self.cfg.agent_preempt:
+            return
+        waiting = {}
+        for job, first in jobs:
+            admission_id = job.admission_id(self.cfg.id_field)
+            if _pending(job) and not _held(job, first) and admission_id:
+                waiting[admission_id] = job
+        self.planned &= set(waiting)  # a job that started or ended: its plan is history
+        running: dict[str, SlurmJob] | None = None
+        for admission_id, job in sorted(waiting.items(), key=lambda kv: _numeric_id(kv[1].job_id)):
+            if admission_id in self.planned:
+                continue
+            try:
+                answer = self.api.get(f"/v1/admission/{admission_id}")
+            except httpx.HTTPError as exc:
+                self._say(job.job_id, f"{admission_id}: could not read its decision ({exc!r}); trying again")
+                continue
+            if answer.status_code == 404:  # admitted untouched (fail open) or never asked: no plan
+                self.planned.add(admission_id)
+                continue
+            if answer.status_code != 200:
+                self._say(job.job_id, f"{admission_id}: could not read its decision: HTTP "
+                                      f"{answer.status_code} {_detail(answer)}; trying again")  # fmt: skip
+                continue
+            decision = answer.json()
+            victims = (decision.get("preempt") or []) if decision.get("verdict") == "admit" else []
+            if victims:
+                if running is None:
+                    running = running_by_platform_id(jobs, self.cfg, self.cluster_name())
+                self.preempt_for(job, admission_id, victims, running)
+            self.planned.add(admission_id)
+
+    def preempt_for(
+        self,
+        job: SlurmJob,
+        admission_id: str,
+        victims: Sequence[dict[str, Any]],
+        running: dict[str, SlurmJob],
+    ) -> None:
+        action = self.cfg.preempt_action
+        for victim in victims:
+            victim_id = str(victim.get("job_id"))
+            why = _clean(f"for job {job.job_id} ({admission_id}): {victim.get('reason', '')}")
+            target = running.get(victim_id)
+            if target is None:
+                self.log(f"{victim_id}: named to make room {why}, but it is not running: nothing to stop")
+                continue
+            if self.dry_run:
+                self.log(f"job {target.job_id}: dry-run: would {action} it ({victim_id}) {why}")
+                continue
+            done = self.sl.requeue(target.job_id) if action == "requeue" else self.sl.cancel(target.job_id)
+            if done.returncode != 0:
+                self.log(f"job {target.job_id}: {action} failed ({victim_id}) {why}: {done.stderr.strip()}")
+                continue
+            what = "requeued" if action == "requeue" else "cancelled"
+            noted = self._note(target.job_id, f"preempted ({what})", why)
+            self.log(f"job {target.job_id}: preempted ({what}, {victim_id}) {why}{noted}")
+            del running[victim_id]
+
+    # -- fair-share order ------------------------------------------------------------------------
+    def _queue_rank(self, job: SlurmJob, factors: Mapping[str, float]) -> tuple[int, float, int, int]:
+        klass = CLASS_RANK.get(self.cfg.priority_class_of(job.qos or None), len(CLASS_RANK))
+        factor = factors.get(self.cfg.project_of(job.account), DEFAULT_FACTOR)
+        return (klass, -factor, job.submit_time or 0, _numeric_id(job.job_id))
+
+    def fairshare_factors(self) -> dict[str, float]:
+        """Project -> the platform's fair-share factor ({} when the API has none yet)."""
+        try:
+            answer = self.api.get("/v1/fairshare")
+            problem = "" if answer.status_code == 200 else f"HTTP {answer.status_code} {_detail(answer)}"
+        except httpx.HTTPError as exc:
+            problem = repr(exc)
+        if problem:
+            if problem != self.fairshare_problem:
+                self.log(f"fair-share order: no factors ({problem}); submission order meanwhile")
+            self.fairshare_problem = problem
+            return {}
+        self.fairshare_problem = ""
+        nodes = answer.json().get("nodes", [])
+        return {str(n["node_id"]): float(n["factor"]) for n in nodes if n.get("is_leaf")}
+
+    def follow_fairshare(
+        self, jobs: Sequence[tuple[SlurmJob, dict[str, str]]], factors: Mapping[str, float]
+    ) -> None:
+        """Every pending job's Nice from its project's fair-share factor, where it changes. Held
+        jobs are left alone (an update must not touch a hold); they are asked in that order."""
+        scale = self.cfg.fairshare_nice_scale
+        if not scale or not factors:
+            return
+        for job, first in jobs:
+            if not _pending(job) or _held(job, first):
+                continue
+            project = self.cfg.project_of(job.account)
+            if project not in factors:
+                continue
+            nice = nice_of(factors[project], scale)
+            if first.get("Nice") == str(nice):
+                continue
+            if self.dry_run:
+                self._say(job.job_id, f"dry-run: would set Nice={nice} (fair share {factors[project]:.3f})",
+                          key=f"{job.job_id}:nice")  # fmt: skip
+                continue
+            done = self.sl.update(job.job_id, Nice=str(nice))
+            if done.returncode != 0:
+                self._say(
+                    job.job_id, f"setting Nice={nice} failed: {done.stderr.strip()}", key=f"{job.job_id}:nice"
+                )
 
     # -- queued jobs -----------------------------------------------------------------------------
-    def follow_queued(self) -> None:
-        found = queued_jobs(self.sl.jobs(), self.cfg)
+    def follow_queued(
+        self, jobs: Sequence[tuple[SlurmJob, dict[str, str]]], factors: Mapping[str, float]
+    ) -> None:
+        """Asks about every held job again, in the platform's order: priority class, then the
+        project's fair-share factor (highest first), then submission, so that GPUs freed go to
+        the job the platform ranks first."""
+        if not self.cfg.agent_release:
+            return
+        found = queued_jobs(jobs, self.cfg)
+        found.sort(key=lambda q: self._queue_rank(q.job, factors))
         for queued in found:
             self.ask_again(queued)
         current = {q.job.job_id for q in found}
-        for gone in [j for j in self.said if j not in current]:
+        for gone in [k for k in self.said if k not in current and ":" not in k]:
+            del self.said[gone]
+        known = {job.job_id for job, _ in jobs}
+        for gone in [k for k in self.said if k.split(":")[0] not in known]:
             del self.said[gone]
 
-    def _say(self, job_id: str, message: str) -> None:
-        if self.said.get(job_id) != message:
-            self.said[job_id] = message
+    def _say(self, job_id: str, message: str, key: str | None = None) -> None:
+        """Logs `message` about the job when it differs from the last one said under `key`."""
+        key = key or job_id
+        if self.said.get(key) != message:
+            self.said[key] = message
             self.log(f"job {job_id}: {message}")
 
     def _ask(self, request: dict[str, Any], dry_run: bool) -> tuple[int | None, dict[str, Any], str]:

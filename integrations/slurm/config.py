@@ -65,6 +65,10 @@ class SlurmConfig:
     agent_log_file: Path | None = None  # default: <spool_dir>/agent.log
     agent_requeue: bool = True  # requeue the jobs on a node drained or down with a reason
     agent_release: bool = True  # ask again about queued jobs; release, cancel or leave them
+    agent_preempt: bool = True  # carry out the preemptions the API names for pending jobs
+    preempt_action: str = "requeue"  # what happens to a victim: "requeue" or "cancel"
+    # pending jobs' Nice = -round(fair-share factor x scale) (0: leave Nice alone); see docs/slurm.md
+    fairshare_nice_scale: int = 10_000
     sinfo: str = "sinfo"
     squeue: str = "squeue"
     scancel: str = "scancel"
@@ -117,6 +121,8 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 _PATHS = {"spool_dir", "log_file", "agent_log_file"}
 _TUPLES = {"interactive_qos"}
+PREEMPT_ACTIONS = ("requeue", "cancel")
+MAX_NICE_SCALE = 1_000_000  # Slurm's Nice range is about +-2^31; priorities stay far from overflow
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> SlurmConfig:
@@ -144,4 +150,9 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> SlurmConfig:
     if not values.get("token") and (token_file := data.get("token_file")):
         with contextlib.suppress(OSError):
             values["token"] = Path(token_file).read_text().strip()
+    if values.get("preempt_action", "requeue") not in PREEMPT_ACTIONS:
+        raise ConfigError(f"{path}: preempt_action must be one of {', '.join(PREEMPT_ACTIONS)}")
+    scale = values.get("fairshare_nice_scale", 0)
+    if not isinstance(scale, int) or not 0 <= scale <= MAX_NICE_SCALE:
+        raise ConfigError(f"{path}: fairshare_nice_scale must be an integer from 0 to {MAX_NICE_SCALE:,}")
     return SlurmConfig(**values)

@@ -29,6 +29,7 @@ from tests.slurm.slurm_harness import (
     Platform,
     SlurmCluster,
     current_quarter,
+    quarter_bounds,
     running_slurm,
 )
 
@@ -59,8 +60,10 @@ def platform(
     )  # fmt: skip
     app = create_app(with_tokens(settings))  # the real clock: Slurm's jobs run now
     with serving(app) as url:
-        period = current_quarter(dt.datetime.now(dt.UTC))
-        body = {"text": plan_text(PLAN.format(period=period, cluster=PLATFORM_CLUSTER))}
+        now = dt.datetime.now(dt.UTC)
+        start, end = quarter_bounds(now)
+        text = PLAN.format(period=current_quarter(now), cluster=PLATFORM_CLUSTER, start=start, end=end)
+        body = {"text": plan_text(text)}
         ok(httpx.post(f"{url}/v1/admin/plan/apply", json=body, headers=ADMIN, timeout=60))
         meter = MeterWorker(settings, tmp / "logs")
         try:

@@ -142,6 +142,15 @@ def current_quarter(now: dt.datetime) -> str:
     return f"{now.year}-Q{(now.month - 1) // 3 + 1}"
 
 
+def quarter_bounds(now: dt.datetime) -> tuple[str, str]:
+    """The current quarter's first instant and the next quarter's, as the plan writes them."""
+    first = dt.datetime(now.year, (now.month - 1) // 3 * 3 + 1, 1, tzinfo=dt.UTC)
+    following = dt.datetime(first.year + first.month // 10, (first.month + 2) % 12 + 1, 1, tzinfo=dt.UTC)
+    return first.strftime("%Y-%m-%dT%H:%M:%SZ"), following.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# lab is inside its time-slice window all quarter (8 GPUs guaranteed); team (a plain budget
+# project) and spent (over budget) are each used by one agent test only.
 PLAN = """
 plan: slurm-test
 period: {period}
@@ -151,9 +160,17 @@ organisation:
   - {{id: institute, kind: organisation, shares: 100}}
   - {{id: rich, parent: institute, kind: project, shares: 50}}
   - {{id: broke, parent: institute, kind: project, shares: 50}}
+  - {{id: lab, parent: institute, kind: project, shares: 50}}
+  - {{id: team, parent: institute, kind: project, shares: 50}}
+  - {{id: spent, parent: institute, kind: project, shares: 50}}
 allocations:
   - {{project: rich, gpu_hours: 1000}}
   - {{project: broke, gpu_hours: 1}}
+  - {{project: lab, gpu_hours: 100}}
+  - {{project: team, gpu_hours: 1000}}
+  - {{project: spent, gpu_hours: 1}}
+agreements:
+  - {{id: lab-quarter, project: lab, cluster: {cluster}, gpus: 8, fixed: {{start: {start}, end: {end}}}}}
 """
 
 
@@ -171,6 +188,11 @@ class Platform:
     @property
     def store(self) -> Any:
         return self.app.state.store
+
+    def gpu_seconds(self, job_id: str) -> int | None:
+        """The GPU-seconds the ledger charged the job so far (None: nothing yet)."""
+        seconds: dict[str, int] = self.store.job_gpu_seconds()
+        return seconds.get(job_id)
 
     def config(self, **values: Any) -> dict[str, Any]:
         """The integration config's platform part: this API, this broker, this topic prefix."""
@@ -199,7 +221,7 @@ def running_slurm(state: Path, hooks: bool = True) -> Iterator[SlurmCluster]:
         "ALLMENDE_SLURM_DIR": str(state),
         "ALLMENDE_SLURM_CLUSTER": SLURM_CLUSTER,
         "ALLMENDE_SLURM_PARTITIONS": PARTITION,
-        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor",
+        "ALLMENDE_SLURM_ACCOUNTS_LIST": "rich,poor,lab,team,spent",
         "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
         "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
         "ALLMENDE_SLURM_DBD_PORT": str(free_port()),

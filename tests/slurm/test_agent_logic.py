@@ -3,16 +3,19 @@ releases and cancels, against a fake Slurm and a mock API."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from typing import Any
 
 import httpx
+import pytest
 
 from integrations.slurm.agent import (
     Agent,
     Slurm,
     hours_of_minutes,
+    nice_of,
     parse_sinfo,
     queued_jobs,
     rebuilt_request,
@@ -67,17 +70,35 @@ class FakeSlurm(Slurm):
             out = self.sinfo_out
         elif args[0] == "squeue":
             out = "\n".join(self.on.get(args[args.index("-w") + 1], []))
+        elif args[:3] == ("scontrol", "show", "config"):
+            out = "Configuration data as of 2026-12-04T20:00:00\nClusterName             = pytest\n"
         elif args[:3] == ("scontrol", "show", "job"):
             out = "\n".join(ln for ln in self.lines if len(args) == 4 or ln.startswith(f"JobId={args[4]} "))
         return subprocess.CompletedProcess(list(args), 0, out, "")
 
 
 class FakeApi:
-    def __init__(self, verdicts: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        verdicts: list[dict[str, Any]],
+        factors: dict[str, float] | None = None,
+        recorded: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.verdicts = verdicts
+        self.factors = factors or {}  # project -> fair-share factor (GET /v1/fairshare)
+        self.recorded = recorded or {}  # admission id -> decision (GET /v1/admission/{id})
         self.calls: list[tuple[str, bool, dict[str, Any]]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            self.calls.append((request.url.path, False, {}))
+            if request.url.path == "/v1/fairshare":
+                nodes = [{"node_id": p, "factor": f, "is_leaf": True} for p, f in self.factors.items()]
+                return httpx.Response(200, json={"nodes": nodes})
+            decision = self.recorded.get(request.url.path.rsplit("/", 1)[-1])
+            return (
+                httpx.Response(200, json=decision) if decision else httpx.Response(404, json={"detail": "no"})
+            )
         body = json.loads(request.content)
         dry = request.url.params.get("dry_run") == "true"
         self.calls.append((request.url.path, dry, body))
@@ -195,8 +216,9 @@ def test_a_queued_job_still_queued_is_asked_in_dry_run_only() -> None:
     agent, log = _agent(slurm, api)
     agent.run_once()
     agent.run_once()
-    assert [(c[0], c[1]) for c in api.calls] == [("/v1/admission", True)] * 2
-    assert api.calls[0][2] == REQUEST
+    asked = [c for c in api.calls if c[0] == "/v1/admission"]
+    assert [(c[0], c[1]) for c in asked] == [("/v1/admission", True)] * 2
+    assert asked[0][2] == REQUEST
     assert not [c for c in slurm.calls if c[1] in {"release", "update"}]
     assert sum("still queued" in line for line in log) == 1  # logged when it changes
 
@@ -207,7 +229,8 @@ def test_an_admitted_job_is_released_in_the_opportunistic_lane_on_the_preemptibl
     api = FakeApi([{"verdict": "admit", "lane": "opportunistic"}])
     agent, _log = _agent(slurm, api)
     agent.run_once()
-    assert [(c[0], c[1]) for c in api.calls] == [("/v1/admission", True), ("/v1/admission", False)]
+    asked = [(c[0], c[1]) for c in api.calls if c[0] == "/v1/admission"]
+    assert asked == [("/v1/admission", True), ("/v1/admission", False)]
     acts = [c for c in slurm.calls if c[1] in {"release", "update"}]
     assert acts[0] == ("scontrol", "update", "JobId=9", "QOS=preemptible")
     assert acts[1] == ("scontrol", "release", "9")
@@ -221,3 +244,87 @@ def test_a_rejected_job_is_cancelled_with_the_reason() -> None:
     assert ("scontrol", "update", "JobId=9", "Comment=allmende: rejected: no budget") in slurm.calls
     assert slurm.calls[-1] == ("scancel", "9")
     assert any("rejected: cancelled: no budget" in line for line in log)
+
+
+def _line(
+    job: str, state: str, account: str, qos: str, admin: str, reason: str = "None", nice: str = "0"
+) -> str:
+    line = _job_line(job, state, reason, "0" if reason.startswith("JobHeld") else "100", admin, "(null)")
+    return line.replace("Account=poor QOS=preemptible", f"Account={account} QOS={qos}").replace(
+        "Nice=0", f"Nice={nice}"
+    )
+
+
+def _victim(job_id: str, code: str = "opportunistic") -> dict[str, Any]:
+    return {"job_id": job_id, "project": "broke", "gpus": 8, "code": code, "reason": f"{job_id} runs"}
+
+
+def test_a_pending_jobs_plan_is_carried_out_once_on_the_victims_still_running() -> None:
+    slurm = FakeSlurm("", {}, [
+        _line("20", "RUNNING", "poor", "preemptible", "allmende:slurm-x-1-aaaa"),
+        _line("21", "RUNNING", "poor", "preemptible", "(null)"),  # known by the hooks' id
+        _line("22", "PENDING", "rich", "normal", "allmende:slurm-x-2-bbbb", reason="Resources"),
+    ])  # fmt: skip
+    victims = [_victim("slurm-x-1-aaaa"), _victim("slurm-pytest-21"), _victim("slurm-x-9-gone")]
+    api = FakeApi(
+        [], recorded={"slurm-x-2-bbbb": {"verdict": "admit", "lane": "time_slice", "preempt": victims}}
+    )
+    agent, log = _agent(slurm, api)
+    agent.run_once()
+    agent.run_once()  # the plan is history: nothing stopped twice
+    assert [c for c in slurm.calls if c[1] == "requeue"] == [
+        ("scontrol", "requeue", "20"),
+        ("scontrol", "requeue", "21"),
+    ]
+    assert [c[0] for c in api.calls].count("/v1/admission/slurm-x-2-bbbb") == 1
+    notes = [c[3] for c in slurm.calls if c[1] == "update" and c[3].startswith("AdminComment=")]
+    assert len(notes) == 2 and "allmende: preempted (requeued)" in notes[0]
+    assert "for job 22 (slurm-x-2-bbbb): slurm-x-1-aaaa runs" in notes[0]
+    assert any("slurm-x-9-gone: named to make room" in line and "not running" in line for line in log)
+
+
+@pytest.mark.parametrize(
+    ("decision", "stopped"),
+    [
+        ({"verdict": "admit", "lane": "budget", "preempt": []}, []),
+        ({"verdict": "queue", "lane": None, "preempt": [_victim("slurm-x-1-aaaa")]}, []),
+        ({"verdict": "admit", "lane": "budget", "preempt": [_victim("slurm-x-1-aaaa")]}, [("scancel", "20")]),
+    ],
+    ids=["no victims named", "not admitted", "cancelled by policy"],
+)
+def test_only_an_admitted_jobs_victims_are_stopped_as_the_policy_says(
+    decision: dict[str, Any], stopped: list[tuple[str, ...]]
+) -> None:
+    slurm = FakeSlurm("", {}, [
+        _line("20", "RUNNING", "poor", "preemptible", "allmende:slurm-x-1-aaaa"),
+        _line("22", "PENDING", "rich", "normal", "allmende:slurm-x-2-bbbb", reason="Priority"),
+    ])  # fmt: skip
+    api = FakeApi([], recorded={"slurm-x-2-bbbb": decision})
+    lines: list[str] = []
+    client = httpx.Client(base_url="http://api", transport=httpx.MockTransport(api))
+    cfg = dataclasses.replace(CFG, preempt_action="cancel")
+    slurm.cfg = cfg
+    Agent(cfg, lines.append, slurm=slurm, client=client).run_once()
+    assert [c for c in slurm.calls if c[0] == "scancel" or c[1] == "requeue"] == stopped
+
+
+def test_held_jobs_are_asked_in_fair_share_order_and_pending_jobs_get_their_nice() -> None:
+    queued = "allmende: queued: no idle GPUs"
+    first = _line("30", "PENDING", "poor", "normal", "allmende:slurm-x-3-cccc", reason="JobHeldAdmin")
+    second = _line("31", "PENDING", "rich", "normal", "allmende:slurm-x-4-dddd", reason="JobHeldAdmin")
+    settled = _line(
+        "32", "PENDING", "rich", "normal", "allmende:slurm-x-5-eeee", reason="Resources", nice="-9000"
+    )
+    waiting = _line("33", "PENDING", "poor", "normal", "allmende:slurm-x-6-ffff", reason="Resources")
+    slurm = FakeSlurm("", {}, [ln.replace("Comment=(null)", f"Comment={queued}") for ln in (first, second)]
+                      + [settled, waiting])  # fmt: skip
+    # rich is further below its share than broke (poor's project): its held job is asked first
+    api = FakeApi([{"verdict": "queue", "lane": None}], factors={"broke": 0.2, "rich": 0.9})
+    agent, _log = _agent(slurm, api)
+    agent.run_once()
+    asked = [c[2]["job_id"] for c in api.calls if c[0] == "/v1/admission"]
+    assert asked == ["slurm-x-4-dddd", "slurm-x-3-cccc"]
+    nice = [c for c in slurm.calls if c[1] == "update" and c[3].startswith("Nice=")]
+    # held jobs keep their Nice (an update must not touch a hold); 32 has rich's already
+    assert nice == [("scontrol", "update", "JobId=33", "Nice=-2000")]
+    assert nice_of(1.7, 100) == -100 and nice_of(-0.1, 100) == 0

@@ -1,5 +1,6 @@
 """The Slurm agent (integrations/slurm/agent.py) against the real local Slurm: a drained node is a
-host report and its jobs are requeued; a queued job is released once the platform admits it."""
+host report and its jobs are requeued; a queued job is released once the platform admits it; the
+victims the API names are requeued; freed GPUs go to the job the platform's fair share ranks first."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from domain.traces import TraceJob, job_events
 from integrations.slurm.scontrol import parse_job
+from schemas.events import FinishStatus
 from tests.integration.budget_harness import ADMIN, ok
+from tests.integration.harness import send_events
 from tests.slurm.slurm_harness import (
     PLATFORM_CLUSTER,
     ROOT,
@@ -215,3 +219,101 @@ def test_a_queued_job_is_released_once_an_admin_grants_budget(
     slurm.wait_done(blocker)
     # The blocker gone, the released job runs (its QOS cannot preempt the blocker's).
     assert slurm.wait_done(queued, timeout=60)["State"] == "COMPLETED"
+
+
+def test_an_opportunistic_job_is_requeued_when_a_project_inside_its_time_slice_window_needs_the_gpus(
+    agent: RunningAgent, platform: Platform
+) -> None:
+    slurm = agent.slurm
+    # Over budget and preemptible: the opportunistic lane, on all 8 idle GPUs.
+    low = _job_id(
+        slurm.sbatch(
+            "-A", "spent", "--qos=preemptible", "--gres=gpu:h100:8", "-t", "60", "--wrap", "sleep 120"
+        )
+    )
+    lab = ""
+    try:
+        wait_for(lambda: slurm.hook_ran("prolog", low), 30, "the opportunistic job to start")
+        low_id = slurm.platform_id(low)
+        assert low_id is not None and platform.admission.state.decisions[low_id].lane == "opportunistic"
+        # slurmdbd has the run's start: a run preempted in the second it started may be
+        # recorded without one (sacct: Start=None, Elapsed 0), while it did hold its GPUs.
+        wait_for(lambda: slurm.sacct(low).get("Start", "None") not in {"", "None", "Unknown"}, 30, "sacct")
+
+        # lab is inside its window (8 GPUs guaranteed): admitted, naming the opportunistic job.
+        lab = _job_id(slurm.sbatch("-A", "lab", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 2"))
+        ended = wait_for(lambda: slurm.hook_ran("epilog", low), 30, "the preempted run's epilog")
+        assert "JobPreempted" in ended, ended
+        lab_id = wait_for(lambda: slurm.platform_id(lab), 30, "the time-slice job to start")
+        decision = platform.admission.state.decisions[lab_id]
+        assert (decision.verdict, decision.lane) == ("admit", "time-slice")
+        assert [v.job_id for v in decision.preempt] == [low_id]
+        assert re.search(
+            rf"job {low}: preempted \(requeued, {low_id}\) for job {lab} \({lab_id}\)", agent.log()
+        )
+        assert "allmende: preempted (requeued)" in parse_job(_show(slurm, low)).admin_comment
+    finally:
+        slurm.run("scancel", low)  # requeued and pending: no second run
+    assert slurm.wait_done(lab)["State"] == "COMPLETED"
+
+    preempted = [r for r in slurm.runs(low) if r["State"] == "REQUEUED"]  # the agent's scontrol requeue
+    assert len(preempted) == 1, slurm.runs(low)
+    want = int(preempted[0]["ElapsedRaw"]) * 8
+    charged = wait_for(lambda: platform.gpu_seconds(low_id), 60, f"the ledger to charge {low_id}")
+    assert charged == want, (charged, preempted, slurm.hook_log.read_text()[-1500:])
+    wait_for(lambda: low_id in platform.admission.state.preempted, 30, "the admission service to see it")
+
+
+def _factors(platform: Platform) -> dict[str, float]:
+    answer = httpx.get(f"{platform.url}/v1/fairshare", headers=ADMIN, timeout=30)
+    if answer.status_code != 200:
+        return {}
+    return {n["node_id"]: n["factor"] for n in answer.json()["nodes"] if n["is_leaf"]}
+
+
+def test_freed_gpus_go_to_the_held_job_the_platforms_fair_share_ranks_first(
+    agent: RunningAgent, platform: Platform
+) -> None:
+    slurm = agent.slurm
+    # rich ran 8 GPUs for an hour earlier today; team has run nothing: team ranks above rich.
+    now = int(time.time())
+    hour_ago = now - 7200
+    past = TraceJob(
+        "fs-rich-past",
+        "rich",
+        "alice",
+        PLATFORM_CLUSTER,
+        "H100",
+        8,
+        hour_ago,
+        hour_ago,
+        3600,
+        FinishStatus.SUCCEEDED,
+    )
+    send_events(platform.settings, job_events(past, sample_every_s=600))
+    wait_for(
+        lambda: _factors(platform).get("team", 0) > _factors(platform).get("rich", 1), 60, "rich's usage"
+    )
+
+    # lab's time-slice job holds every GPU and budget jobs may not preempt it: both are queued.
+    blocker = _job_id(slurm.sbatch("-A", "lab", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 300"))
+    first = second = ""
+    try:
+        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start")
+        first = _job_id(slurm.sbatch("-A", "rich", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 1"))
+        second = _job_id(slurm.sbatch("-A", "team", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 30"))
+        assert _held(slurm, first) and _held(slurm, second)
+
+        slurm.run("scancel", blocker)
+        # The agent asks again in the platform's order: team's job (submitted last) gets the GPUs.
+        wait_for(lambda: not _held(slurm, second), 60, "team's job to be released")
+        assert _held(slurm, first), agent.log()
+        wait_for(lambda: slurm.hook_ran("prolog", second), 30, "team's job to start")
+        assert _held(slurm, first)
+        assert f"job {first}: " in agent.log() and "still queued" in agent.log()
+    finally:
+        for job in (first, second, blocker):
+            if job:
+                slurm.run("scancel", job)
+    for job in (second, blocker):  # the two that ran (rich's never did: no epilog to wait for)
+        slurm.wait_done(job)
