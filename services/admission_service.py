@@ -279,6 +279,57 @@ class AdmissionService:
         await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
         return answer
 
+    # -- the simulator's entry points: the same decisions, recorded by the caller ---------------
+    def decide_unrecorded(
+        self, request: JobRequest, actor: str
+    ) -> tuple[AdmissionDecided, list[AdmissionEvent]]:
+        """Decide and fold as `admit` does, without the admission log: for the what-if simulator,
+        which runs on its own clock and records the events itself, in order, on its own topic. A
+        final decision is answered again without events; so is a queue answer for a job already
+        queued (no new attempt, as the Slurm agent's dry run first)."""
+        with self._lock:
+            self.validate(request)
+            prior = self.state.decisions.get(request.job_id)
+            if prior is not None and prior.verdict != "queue":
+                return prior, []
+            answer, events = self._decide(request, prior, self.now(), actor)
+            if prior is not None and answer.verdict == "queue":
+                return answer, []
+            for event in events:
+                self.state.apply(event)
+            return answer, events
+
+    def release_unrecorded(self, actor: str = "allmende-admission") -> list[HoldReleased]:
+        """The hold releases due now, folded; the caller records them (the simulator)."""
+        now = self.now()
+        with self._lock:
+            events = []
+            for job_id, reason in self.state.releasable(now, self.settings.admission_start_deadline_s):
+                event = HoldReleased(
+                    event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
+                    occurred_at=now, actor=actor, job_id=job_id, reason=reason,
+                )  # fmt: skip
+                self.state.apply(event)
+                events.append(event)
+            return events
+
+    def host_unrecorded(
+        self, cluster: str, host: str, healthy: bool, reason: str, actor: str
+    ) -> AdmissionEvent:
+        """A host report with a deterministic id (the report's instant), folded; the simulator
+        records it."""
+        now = self.now()
+        event: AdmissionEvent
+        if healthy:
+            event = HostRecovered(event_id=f"host:{cluster}/{host}:ok:{now}", occurred_at=now, actor=actor,
+                                  cluster=cluster, host=host)  # fmt: skip
+        else:
+            event = HostUnhealthy(event_id=f"host:{cluster}/{host}:bad:{now}", occurred_at=now, actor=actor,
+                                  cluster=cluster, host=host, reason=reason)  # fmt: skip
+        with self._lock:
+            self.state.apply(event)
+        return event
+
     def _require_ready(self) -> None:
         if not self.calculator.ready.is_set():
             raise AdmissionRefused(

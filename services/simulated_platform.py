@@ -1,0 +1,169 @@
+"""The platform as a simulator policy: the real admission service, fed on the simulation's clock.
+
+`PlatformPolicy` answers the simulator (`domain.simulation`) with the admission service's own
+decision path (`AdmissionService.decide_unrecorded`: validation, snapshot, `domain.admission`,
+holds), on a clock the simulation sets; nothing here reads the wall clock. Its inputs are fed
+synchronously, in simulated-time order, so two runs with the same seed decide the same:
+
+- the plan's admin events, folded once (`PlanAdmin`, in place of the Kafka-backed admin log);
+- every lifecycle event the engine emits (`observe`): into the admission state (running jobs,
+  holds) and through the real meter logic (`domain.metering.JobMeter`) into the usage that budgets
+  and fair share read (`FairShareCalculator.usage`, as the ledger stream would fill it);
+- fair-share factors recomputed every `factors_every_s` simulated seconds (the calculator
+  publishes every few seconds of wall time; a simulated hour is the same order of freshness).
+
+Every admission event (decisions, holds, releases, host reports) is kept in `recorded`, in order,
+for the run's own admission log.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from allmende.settings import Settings
+from domain.admin_state import AdminState
+from domain.admission_model import JobRequest, Lane
+from domain.charging import PolicyTimeline
+from domain.metering import JobMeter
+from domain.plan import diff
+from domain.plan_file import Plan
+from domain.simulation.interfaces import SimEvent, SimView, Sink
+from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
+from domain.simulation.report import ProjectBudget
+from schemas.admission_events import AdmissionEvent
+from services.admin_log import AdminLog
+from services.admission_service import AdmissionRefused, AdmissionService
+from services.fairshare_calculator import FairShareCalculator
+
+ACTOR = "allmende-simulator"
+CLASS_RANK = {"non-preemptible": 0, "standard": 1, "preemptible": 2}  # as the Slurm agent asks
+
+
+class PlanAdmin:
+    """The admin log's two reads the services make (`state`, `timeline()`), from a plan folded
+    once at the start of its period: a simulated run has no admin changes while it runs."""
+
+    def __init__(self, plan: Plan) -> None:
+        state = AdminState()
+        for change in diff(plan, state, actor=ACTOR, now=plan.bounds()[0]):
+            state.apply(change.event)
+        self.state = state
+        self._timeline = state.timeline()
+
+    def timeline(self) -> PolicyTimeline:
+        return self._timeline
+
+
+class PlatformPolicy:
+    """`domain.simulation.interfaces.Policy` answered by the admission service."""
+
+    name = "platform"
+
+    def __init__(self, plan: Plan, settings: Settings, factors_every_s: int = 3600) -> None:
+        self.admin = PlanAdmin(plan)
+        # Duck-typed: the services read only `state` and `timeline()` of the admin log.
+        admin_log = cast(AdminLog, self.admin)
+        self.calculator = FairShareCalculator(settings, admin_log)
+        self.now = plan.bounds()[0]
+        self.service = AdmissionService(settings, admin_log, self.calculator, clock=lambda: self.now)
+        self.calculator.ready.set()  # fed synchronously: always caught up
+        self.factors_every_s = factors_every_s
+        self._factors_due = 0
+        self._meters: dict[str, JobMeter] = {}
+        self.recorded: list[AdmissionEvent] = []
+
+    # -- inputs --------------------------------------------------------------------------------
+    def observe(self, event: SimEvent) -> None:
+        """One lifecycle event, as the admission service and the meter would see it from Kafka."""
+        self.service.state.observe(event)
+        meter = self._meters.get(event.job_id)
+        if meter is None:
+            meter = self._meters[event.job_id] = JobMeter(job_id=event.job_id)
+        entries = meter.apply(event)
+        timeline = self.admin.timeline()
+        with self.calculator.lock:
+            for entry in entries:
+                self.calculator.usage.apply(entry, timeline)
+
+    def _tick(self, now: int) -> None:
+        self.now = now
+        self.recorded.extend(self.service.release_unrecorded(ACTOR))
+        if now >= self._factors_due:
+            self.calculator.latest = self.calculator.snapshot()
+            self._factors_due = now + self.factors_every_s
+
+    # -- the Policy protocol --------------------------------------------------------------------
+    def decide(self, job: JobRequest, view: SimView, now: int) -> Outcome:
+        self._tick(now)
+        prior = self.service.state.decisions.get(job.job_id)
+        if prior is not None and prior.verdict == "admit":
+            # Requeued after a preemption: the job keeps its decision (as a Slurm requeue keeps
+            # the job and its admin comment) and starts again once GPUs are free; its victims
+            # were stopped already.
+            if view.free_gpus(job.cluster) >= job.gpus:
+                return Start(reason="requeued: starts again", lane=Lane(prior.lane) if prior.lane else None)
+            return Queue("requeued: waiting for free GPUs", wait_for_free_gpus=job.gpus)
+        try:
+            answer, events = self.service.decide_unrecorded(job, ACTOR)
+        except AdmissionRefused as exc:  # unknown project or cluster, more GPUs than the cluster
+            return Reject(str(exc))
+        self.recorded.extend(events)
+        sentence = " ".join(r.message for r in answer.reasons)
+        if answer.verdict == "admit":
+            lane = Lane(answer.lane) if answer.lane else None
+            return Start(victims=tuple(v.job_id for v in answer.preempt), reason=sentence, lane=lane)
+        if answer.verdict == "reject":
+            return Reject(sentence)
+        codes = {r.code for r in answer.reasons}
+        if "no-idle-gpus" in codes:  # over budget: it needs that many idle GPUs, nothing less
+            return Queue(sentence, wait_for_free_gpus=job.gpus)
+        if "cluster-full" in codes:  # not even with preemption: ask again once a GPU frees up
+            return Queue(sentence, wait_for_free_gpus=min(job.gpus, view.free_gpus(job.cluster) + 1))
+        return Queue(sentence)
+
+    def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
+        """Priority class, then the project's fair-share factor, highest first (the order the
+        Slurm agent asks held jobs in)."""
+        factor = self.calculator.current_factors().get(job.project, 0.5)
+        return (CLASS_RANK.get(job.priority_class, len(CLASS_RANK)), -round(factor * 1_000_000))
+
+    def on_host_health(
+        self, cluster: str, host: str, healthy: bool, view: SimView, now: int
+    ) -> tuple[Stop, ...]:
+        """The Slurm agent's rule: a bad host is reported, and every job on it is requeued."""
+        self._tick(now)
+        reason = "" if healthy else f"simulated: host {host} went bad"
+        self.recorded.append(self.service.host_unrecorded(cluster, host, healthy, reason, ACTOR))
+        if healthy:
+            return ()
+        return tuple(
+            Stop(j.job_id, now, f"host {host} is unhealthy") for j in view.jobs_on_host(cluster, host)
+        )
+
+    # -- results -------------------------------------------------------------------------------
+    def budgets(self) -> dict[str, ProjectBudget]:
+        """Charged against allocated, per project with an allocation (charge units)."""
+        state = self.admin.state
+        found = {}
+        for project in state.projects():
+            allocated = sum(a.allocated_units for a in state.allocations_of(project))
+            if allocated:
+                found[project] = ProjectBudget(self.calculator.usage.charge_units(project), allocated)
+        return found
+
+    def gpu_seconds(self) -> dict[str, int]:
+        """GPU-seconds the meter logic counted per job (the ledger must hold the same)."""
+        return {job_id: meter.gpu_seconds() for job_id, meter in self._meters.items()}
+
+
+class ObservingSink:
+    """Hands every event to the platform first (its state follows the engine), then on."""
+
+    def __init__(self, policy: PlatformPolicy, inner: Sink | None = None) -> None:
+        self.policy = policy
+        self.inner = inner
+
+    def emit(self, event: SimEvent) -> None:
+        self.policy.observe(event)
+        if self.inner is not None:
+            self.inner.emit(event)
