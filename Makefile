@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots system-packages clean
+.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots system-packages clean slurm-demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ down: ## stop what demo/up started
 
 test: install jars system-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
 	$(BIN)/pytest --cov --cov-report=term:skip-covered
+
+slurm-demo: install jars system-packages ## Slurm on localhost with the plugin, hooks and agent; a mixed workload against the platform (KEEP=1: leave it running)
+	$(PY) -m integrations.slurm.demo $(if $(KEEP),--keep)
 
 system-packages: ## Debian's chromium (browser tests) and Slurm 22.05 with munge, MariaDB, Lua (tests/slurm); as root
 	@if [ "$$(id -u)" != 0 ]; then echo "not root: install chromium and infra/slurm/install.sh's packages yourself"; \

@@ -21,6 +21,7 @@ from allmende.cli_budget import apply as budget_apply
 from allmende.cli_budget import balance as budget_balance
 from allmende.cli_budget import budget_app
 from allmende.cli_fairshare import fairshare
+from allmende.cli_simulate import simulate
 from allmende.cli_slurm import slurm_app
 from allmende.settings import PROJECT_ROOT, Settings
 
@@ -34,6 +35,7 @@ app.command("fairshare")(fairshare)
 app.add_typer(host_app, name="host")
 app.add_typer(slurm_app, name="slurm")
 app.command("preempt")(preempt)
+app.command("simulate")(simulate)
 console = Console()
 
 DEMO_TRACE = PROJECT_ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"

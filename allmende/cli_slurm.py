@@ -92,3 +92,15 @@ def agent(
     code = _integration("agent").run_agent(config, interval, once, dry_run)
     if code:
         raise typer.Exit(code)
+
+
+@slurm_app.command("demo")
+def demo(
+    keep: Annotated[bool, typer.Option("--keep", help="leave the platform and Slurm running")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="stop what a run with --keep left running")] = False,
+) -> None:
+    """`make slurm-demo`: Slurm on localhost with the plugin, hooks and agent, the platform with this
+    quarter's plan, a mixed workload, and what happened to each job (integrations/slurm/demo.py)."""
+    code = _integration("demo").main([*(["--keep"] if keep else []), *(["--stop"] if stop else [])])
+    if code:
+        raise typer.Exit(code)

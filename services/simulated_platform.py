@@ -18,12 +18,15 @@ for the run's own admission log.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from typing import cast
 
 from allmende.settings import Settings
 from domain.admin_state import AdminState
 from domain.admission_model import JobRequest, Lane
 from domain.charging import PolicyTimeline
+from domain.fairshare_usage import UsageLedger
 from domain.metering import JobMeter
 from domain.plan import diff
 from domain.plan_file import Plan
@@ -69,21 +72,14 @@ class PlatformPolicy:
         self.calculator.ready.set()  # fed synchronously: always caught up
         self.factors_every_s = factors_every_s
         self._factors_due = 0
-        self._meters: dict[str, JobMeter] = {}
+        self.accounting = Accounting(self.admin, self.calculator.usage, self.calculator.lock)
         self.recorded: list[AdmissionEvent] = []
 
     # -- inputs --------------------------------------------------------------------------------
     def observe(self, event: SimEvent) -> None:
         """One lifecycle event, as the admission service and the meter would see it from Kafka."""
         self.service.state.observe(event)
-        meter = self._meters.get(event.job_id)
-        if meter is None:
-            meter = self._meters[event.job_id] = JobMeter(job_id=event.job_id)
-        entries = meter.apply(event)
-        timeline = self.admin.timeline()
-        with self.calculator.lock:
-            for entry in entries:
-                self.calculator.usage.apply(entry, timeline)
+        self.accounting.observe(event)
 
     def _tick(self, now: int) -> None:
         self.now = now
@@ -142,13 +138,47 @@ class PlatformPolicy:
 
     # -- results -------------------------------------------------------------------------------
     def budgets(self) -> dict[str, ProjectBudget]:
-        """Charged against allocated, per project with an allocation (charge units)."""
+        return self.accounting.budgets()
+
+    def gpu_seconds(self) -> dict[str, int]:
+        return self.accounting.gpu_seconds()
+
+
+class Accounting:
+    """The meter's logic and the usage ledger, fed event by event: what the ledger will charge,
+    known at once (budgets for the platform's decisions; for any policy, its budget adherence)."""
+
+    def __init__(
+        self, admin: PlanAdmin, usage: UsageLedger | None = None, lock: threading.Lock | None = None
+    ) -> None:
+        self.admin = admin
+        self.usage = usage if usage is not None else UsageLedger()
+        self.lock = lock if lock is not None else threading.Lock()
+        self._meters: dict[str, JobMeter] = {}
+
+    def observe(self, event: SimEvent) -> None:
+        meter = self._meters.get(event.job_id)
+        if meter is None:
+            meter = self._meters[event.job_id] = JobMeter(job_id=event.job_id)
+        entries = meter.apply(event)
+        timeline = self.admin.timeline()
+        with self.lock:
+            for entry in entries:
+                self.usage.apply(entry, timeline)
+
+    def emit(self, event: SimEvent) -> None:  # a Sink too
+        self.observe(event)
+
+    def budgets(self, charged: Mapping[str, int] | None = None) -> dict[str, ProjectBudget]:
+        """Charged against allocated (charge units), per project with an allocation; `charged`
+        (the ledger's, through the pipeline) in place of this metering's when given."""
         state = self.admin.state
         found = {}
         for project in state.projects():
             allocated = sum(a.allocated_units for a in state.allocations_of(project))
             if allocated:
-                found[project] = ProjectBudget(self.calculator.usage.charge_units(project), allocated)
+                used = charged.get(project, 0) if charged is not None else self.usage.charge_units(project)
+                found[project] = ProjectBudget(used, allocated)
         return found
 
     def gpu_seconds(self) -> dict[str, int]:
@@ -157,9 +187,9 @@ class PlatformPolicy:
 
 
 class ObservingSink:
-    """Hands every event to the platform first (its state follows the engine), then on."""
+    """Hands every event to the platform (or an `Accounting`) first, then on."""
 
-    def __init__(self, policy: PlatformPolicy, inner: Sink | None = None) -> None:
+    def __init__(self, policy: PlatformPolicy | Accounting, inner: Sink | None = None) -> None:
         self.policy = policy
         self.inner = inner
 

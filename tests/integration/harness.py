@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -13,6 +9,7 @@ from typing import TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer
 
+from allmende.meter_process import MeterProcess
 from allmende.replay import make_producer, publish
 from allmende.settings import Settings
 from schemas.events import JobEvent
@@ -23,55 +20,8 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def env_for(settings: Settings) -> dict[str, str]:
-    return {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-        "ALLMENDE_TOPIC_PREFIX": settings.topic_prefix,
-        "ALLMENDE_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        "ALLMENDE_METER_APP_ID": settings.meter_app_id,
-        "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
-        "ALLMENDE_LOG_LEVEL": "INFO",
-        "ALLMENDE_LOG_JSON": "false",
-    }
-
-
-class MeterWorker:
-    """One `streams.worker` process, as `allmende worker` runs it."""
-
-    def __init__(self, settings: Settings, log_dir: Path, name: str = "meter", metrics_port: int = 0) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
-        self._log = self.log_path.open("wb")
-        self.metrics_port = metrics_port  # 0: none (several workers of a test would share one)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.worker"],
-            cwd=ROOT,
-            env={**env_for(settings), "ALLMENDE_METER_METRICS_PORT": str(metrics_port)},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        wait_until(
-            lambda: b"Worker ready" in self.log_path.read_bytes() or self._died(),
-            timeout,
-            f"meter worker ready ({self.log_path})",
-        )
-        if self._died():
-            raise AssertionError(f"meter worker exited: {self.log_path.read_text()[-3000:]}")
-
-    def _died(self) -> bool:
-        return self.proc.poll() is not None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-        self._log.close()
-
-    def stop(self) -> None:
-        self.kill(signal.SIGTERM)
+# The worker process is the production one (the simulator runs it too); the tests' name for it.
+MeterWorker = MeterProcess
 
 
 class Pipeline:

@@ -6,85 +6,20 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 import pytest
 
 from allmende.settings import Settings
-from domain.plan_file import Plan, parse_plan
 from domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
-from domain.simulation.behaviours import Behaviours, workload
 from domain.simulation.engine import EngineConfig, Simulation
 from domain.simulation.from_plan import clusters_from_plan, project_shares
 from domain.simulation.interfaces import ListSink
-from domain.simulation.model import HostFailure, JobOutcome, RunEnd, SimJob, SimulationResult
+from domain.simulation.model import JobOutcome, RunEnd, SimulationResult
 from domain.simulation.report import SimulationReport, build_report
-from domain.traces import TraceFormat, TraceJob, read_trace
 from services.simulated_platform import ObservingSink, PlatformPolicy
-
-ROOT = Path(__file__).resolve().parents[2]
-PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly" / "philly_jobs_15000.csv"
-HOUR = 3600
-ON_CALL_S = 4 * HOUR
-GPUS = 64
+from tests.simulation_slice import HOUR, ON_CALL_S, PHILLY, behaviours, jobs, plan
 
 pytestmark = pytest.mark.skipif(not PHILLY.exists(), reason="needs ../shared/data/traces")
-
-
-@functools.cache
-def trace() -> tuple[TraceJob, ...]:
-    """300 jobs from a busy stretch of the Philly cut (2017-09-20, about 3 hours of submissions)."""
-    return tuple(list(read_trace(PHILLY, TraceFormat.PHILLY, limit=5_300))[5_000:])
-
-
-@functools.cache
-def plan() -> Plan:
-    """2017-Q3 on one 64-GPU cluster: every project allocated 1.2x the GPU-hours its trace jobs
-    use (so squatting on top does not fit for free), philly-team-04 guaranteed 16 GPUs that day."""
-    used: dict[str, int] = {}
-    for job in trace():
-        used[job.project] = used.get(job.project, 0) + job.gpu_seconds
-    projects = "\n".join(f"  - {{id: {p}, parent: lab, kind: project, shares: 10}}" for p in sorted(used))
-    allocations = "\n".join(
-        f"  - {{project: {p}, gpu_hours: {round(1.2 * s / HOUR, 2)}}}" for p, s in sorted(used.items())
-    )
-    return parse_plan(f"""
-plan: philly-test
-period: 2017-Q3
-clusters:
-  - {{name: philly, gpu_type: P100, gpus: {GPUS}}}
-organisation:
-  - {{id: lab, kind: organisation, shares: 100}}
-{projects}
-policy:
-  id: prices
-  effective_from: 2017-01-01T00:00:00Z
-  gpu_type_weights: {{P100: 1.00}}
-  default_gpu_type_weight: 1.00
-  priority_multipliers: {{preemptible: 0.50, standard: 1.00, non-preemptible: 2.00}}
-  interactive_rate: 1.25
-allocations:
-{allocations}
-agreements:
-  - {{id: team-04-day, project: philly-team-04, cluster: philly, gpus: 16,
-      fixed: {{start: 2017-09-20T00:00:00Z, end: 2017-09-21T00:00:00Z}}}}
-""")
-
-
-def behaviours(seed: int) -> Behaviours:
-    at = trace()[0].submit_at + HOUR
-    return Behaviours(
-        seed=seed,
-        placeholder_user_share=0.3,
-        inflating_user_share=0.3,
-        interactive_share=0.2,
-        host_failures=(HostFailure("philly", "philly-n001", at, recover_at=at + 12 * HOUR),),
-    )
-
-
-@functools.cache
-def jobs(seed: int) -> tuple[SimJob, ...]:
-    return tuple(workload(trace(), behaviours(seed)))
 
 
 def config(name: str) -> EngineConfig:

@@ -1,0 +1,189 @@
+"""A simulated run through the real pipeline: its own topics and ledger database.
+
+The engine's lifecycle events go to the run's job-events topic (`KafkaSink`), where the real meter
+worker (a `streams.worker` process) and the real ledger writer (in this process, on the run's
+chDB or ClickHouse database) turn them into ledger postings, priced by the plan's policy (the
+plan's admin events go to the run's admin topic first). The platform policy's admission events go
+to the run's admission topic. At the end the ledger is checked against the simulation, job by job
+(`LedgerCheck`): the GPU-seconds the engine ran must be in the ledger, exactly.
+
+Topic prefix and database are `sim_<run>`: a simulated run never mixes with production data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafka import KafkaProducer
+
+from allmende.clickhouse import Database
+from allmende.kafka_topics import ensure_topics
+from allmende.meter_process import MeterProcess
+from allmende.replay import make_producer
+from allmende.settings import Settings
+from domain.admin_state import AdminState
+from domain.simulation.engine import Simulation
+from domain.simulation.interfaces import SimEvent, Sink
+from domain.simulation.model import SimulationResult
+from schemas.admin_events import encode_admin_event
+from schemas.admission_events import AdmissionEvent, encode_admission_event
+from schemas.events import encode_event
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
+from services.simulated_platform import ObservingSink, PlatformPolicy
+
+
+def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings:
+    """`base` (the broker, the ClickHouse DSN) with topics, database and meter state of a run's own."""
+    # The run's id keeps names readable; a random part keeps two runs on one broker apart.
+    tag = f"sim_{run}_{uuid.uuid4().hex[:8]}" if run else f"sim_{uuid.uuid4().hex[:10]}"
+    return base.model_copy(
+        update={
+            "topic_prefix": tag,
+            "clickhouse_database": tag,
+            "meter_app_id": f"{tag}-meter",
+            "meter_data_dir": work / "faust",
+            "writer_group": f"{tag}-writer",
+        }
+    )
+
+
+class KafkaSink:
+    """Sends every lifecycle event to the run's job-events topic, keyed by job (the meter's order)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.topic = settings.job_events_topic
+        self.producer: KafkaProducer = make_producer(settings.kafka_bootstrap_servers)
+        self.sent = 0
+
+    def emit(self, event: SimEvent) -> None:
+        self.producer.send(self.topic, key=event.job_id.encode(), value=encode_event(event))
+        self.sent += 1
+
+    def close(self) -> None:
+        self.producer.flush()  # acks=all: once this returns, Kafka holds every event
+        self.producer.close()
+
+
+def publish_admin(settings: Settings, state: AdminState) -> None:
+    """The plan's admin events on the run's admin topic: the writer prices with its policy."""
+    _send(
+        settings, settings.admin_events_topic, [(e.aggregate, encode_admin_event(e)) for e in state.history]
+    )
+
+
+def publish_admission(settings: Settings, events: Sequence[AdmissionEvent]) -> None:
+    """The platform's decisions, holds and host reports: the run's admission log."""
+    _send(settings, settings.admission_topic, [(e.key, encode_admission_event(e)) for e in events])
+
+
+def _send(settings: Settings, topic: str, records: Sequence[tuple[str, bytes]]) -> None:
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    try:
+        for key, value in records:
+            producer.send(topic, key=key.encode(), value=value, partition=0)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+@dataclass
+class LedgerCheck:
+    """The ledger against the simulation, job by job."""
+
+    jobs: int
+    gpu_seconds: int  # what the simulation ran, in total
+    ledger_gpu_seconds: int
+    mismatched: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (simulated, ledger)
+
+    @property
+    def exact(self) -> bool:
+        return not self.mismatched and self.gpu_seconds == self.ledger_gpu_seconds
+
+
+def check_ledger(store: LedgerStore, expected: Mapping[str, int]) -> LedgerCheck:
+    ledger = store.job_gpu_seconds()
+    wanted = {job: seconds for job, seconds in expected.items() if seconds}
+    mismatched = {
+        job: (seconds, ledger.get(job, 0)) for job, seconds in wanted.items() if ledger.get(job, 0) != seconds
+    }
+    mismatched.update({job: (0, seconds) for job, seconds in ledger.items() if job not in wanted and seconds})
+    return LedgerCheck(len(wanted), sum(wanted.values()), sum(ledger.values()), mismatched)
+
+
+def wait_for_ledger(store: LedgerStore, expected: Mapping[str, int], timeout_s: float) -> LedgerCheck:
+    """Until the ledger holds the simulation's GPU-seconds (in total, then job by job)."""
+    total = sum(expected.values())
+    deadline = time.monotonic() + timeout_s
+    while store.total_gpu_seconds() != total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return check_ledger(store, expected)
+
+
+@contextlib.contextmanager
+def pipeline(settings: Settings, work: Path) -> Iterator[LedgerStore]:
+    """The run's topics and database, its ledger writer (a thread) and one meter worker process."""
+    ensure_topics(settings)
+    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
+    db.migrate()
+    store = LedgerStore(db, sole_writer=True)
+    writer = LedgerWriter(settings, store)
+    writer.start()
+    meter = MeterProcess(settings, work / "logs")
+    try:
+        meter.wait_ready(120)
+        yield store
+    finally:
+        meter.stop()
+        writer.stop()
+
+
+def project_charges(store: LedgerStore, projects: Sequence[str]) -> dict[str, int]:
+    """Charge units the ledger holds per project (every entry, whatever its end)."""
+    return {p: store.project_charges(p, 2**62)[0] for p in projects}
+
+
+@dataclass
+class PipelineRun:
+    result: SimulationResult
+    events: int  # lifecycle events sent to the run's job-events topic
+    check: LedgerCheck
+    charges: dict[str, int]  # charge units per project, from the ledger
+
+
+def simulate_through_pipeline(
+    settings: Settings,
+    work: Path,
+    simulation: Callable[[Sink], Simulation],
+    admin: AdminState,
+    *,
+    platform: PlatformPolicy | None = None,
+    on_step: Callable[[Simulation], None] | None = None,
+    timeout_s: float = 1800.0,
+) -> PipelineRun:
+    """Run a simulation whose events go through the run's pipeline, then check the ledger.
+
+    `simulation` builds the engine on the sink it is given; with `platform`, that policy observes
+    every event first (its state follows the engine) and its admission events are published."""
+    with pipeline(settings, work) as store:
+        publish_admin(settings, admin)
+        kafka = KafkaSink(settings)
+        try:
+            sim = simulation(ObservingSink(platform, kafka) if platform is not None else kafka)
+            while sim.step():
+                if on_step is not None:
+                    on_step(sim)
+            result = sim.result()
+        finally:
+            kafka.close()
+        if platform is not None:
+            publish_admission(settings, platform.recorded)
+        expected = {record.job.job_id: sum(r.gpu_seconds for r in record.runs) for record in result.jobs}
+        check = wait_for_ledger(store, expected, timeout_s)
+        charges = project_charges(store, admin.projects())
+    return PipelineRun(result, kafka.sent, check, charges)
