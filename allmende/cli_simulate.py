@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import tempfile
 from collections.abc import Sequence
@@ -253,13 +254,9 @@ def _through_pipeline(stack: contextlib.ExitStack) -> ThroughPipeline:
 
     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="allmende-simulate-")))
     bootstrap = stack.enter_context(broker_for_run(work / "kafka", progress_console.print))
-    # A ClickHouse server is shared; embedded chDB has one owner, so the runs get a chDB of their own.
-    configured = Settings()
-    dsn = (
-        configured.clickhouse_dsn
-        if configured.clickhouse_dsn.startswith("http")
-        else f"chdb://{work / 'chdb'}"
-    )
+    # A ClickHouse server (or a chDB directory) named in ALLMENDE_CLICKHOUSE_DSN is used; else the
+    # runs get a chDB of their own (embedded chDB has one owner: not the API's directory).
+    dsn = os.environ.get("ALLMENDE_CLICKHOUSE_DSN") or f"chdb://{work / 'chdb'}"
     base = Settings(
         kafka_bootstrap_servers=bootstrap, clickhouse_dsn=dsn, log_json=False, log_level="WARNING"
     )

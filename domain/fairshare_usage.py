@@ -127,6 +127,7 @@ def decayed_usage(
     index = bisect.bisect_right(marks, at)
     since = marks[index - 1] if index else None
     usage: dict[str, float] = {}
+    decays: dict[int, float] = {}  # projects share their hours: each age's factor once (same value)
     for project in sorted(hours):
         total = 0.0
         for hour in sorted(hours[project]):
@@ -134,7 +135,11 @@ def decayed_usage(
             if since is not None and end <= since:
                 continue
             units = hours[project][hour]
-            total += units / CHARGE_UNITS_PER_GPU_SECOND * decay_factor(max(0, at - end), half_life_s)
+            age = max(0, at - end)
+            decay = decays.get(age)
+            if decay is None:
+                decay = decays[age] = decay_factor(age, half_life_s)
+            total += units / CHARGE_UNITS_PER_GPU_SECOND * decay
         usage[project] = max(0.0, total)
     return usage
 

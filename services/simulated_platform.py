@@ -9,8 +9,8 @@ synchronously, in simulated-time order, so two runs with the same seed decide th
 - every lifecycle event the engine emits (`observe`): into the admission state (running jobs,
   holds) and through the real meter logic (`domain.metering.JobMeter`) into the usage that budgets
   and fair share read (`FairShareCalculator.usage`, as the ledger stream would fill it);
-- fair-share factors recomputed every `factors_every_s` simulated seconds (the calculator
-  publishes every few seconds of wall time; a simulated hour is the same order of freshness).
+- fair-share factors recomputed every `factors_every_s` simulated seconds (6 h by default: beside a
+  half-life of days they barely move in that time, and a recompute costs tens of milliseconds).
 
 Every admission event (decisions, holds, releases, host reports) is kept in `recorded`, in order,
 for the run's own admission log.
@@ -62,7 +62,7 @@ class PlatformPolicy:
 
     name = "platform"
 
-    def __init__(self, plan: Plan, settings: Settings, factors_every_s: int = 3600) -> None:
+    def __init__(self, plan: Plan, settings: Settings, factors_every_s: int = 6 * 3600) -> None:
         self.admin = PlanAdmin(plan)
         # Duck-typed: the services read only `state` and `timeline()` of the admin log.
         admin_log = cast(AdminLog, self.admin)
@@ -74,6 +74,8 @@ class PlatformPolicy:
         self._factors_due = 0
         self.accounting = Accounting(self.admin, self.calculator.usage, self.calculator.lock)
         self.recorded: list[AdmissionEvent] = []
+        self._keys: dict[tuple[str, str], tuple[int, int]] = {}  # (project, class) -> queue key
+        self.queue_version = 0  # the engine keeps its queue order while this stands
 
     # -- inputs --------------------------------------------------------------------------------
     def observe(self, event: SimEvent) -> None:
@@ -87,6 +89,8 @@ class PlatformPolicy:
         if now >= self._factors_due:
             self.calculator.latest = self.calculator.snapshot()
             self._factors_due = now + self.factors_every_s
+            self._keys.clear()
+            self.queue_version += 1  # new factors, new queue order
 
     # -- the Policy protocol --------------------------------------------------------------------
     def decide(self, job: JobRequest, view: SimView, now: int) -> Outcome:
@@ -119,9 +123,14 @@ class PlatformPolicy:
 
     def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
         """Priority class, then the project's fair-share factor, highest first (the order the
-        Slurm agent asks held jobs in)."""
-        factor = self.calculator.current_factors().get(job.project, 0.5)
-        return (CLASS_RANK.get(job.priority_class, len(CLASS_RANK)), -round(factor * 1_000_000))
+        Slurm agent asks held jobs in). The engine asks for every queued job at every pass: the
+        keys are kept until the factors change."""
+        key = self._keys.get((job.project, job.priority_class))
+        if key is None:
+            factor = self.calculator.current_factors().get(job.project, 0.5)
+            key = (CLASS_RANK.get(job.priority_class, len(CLASS_RANK)), -round(factor * 1_000_000))
+            self._keys[(job.project, job.priority_class)] = key
+        return key
 
     def on_host_health(
         self, cluster: str, host: str, healthy: bool, view: SimView, now: int

@@ -154,6 +154,8 @@ class PipelineRun:
     events: int  # lifecycle events sent to the run's job-events topic
     check: LedgerCheck
     charges: dict[str, int]  # charge units per project, from the ledger
+    simulated_s: float = 0.0  # wall time of the engine's loop (deciding, metering, sending)
+    exact_s: float = 0.0  # wall time from the first event to the ledger holding the last one
 
 
 def simulate_through_pipeline(
@@ -173,6 +175,7 @@ def simulate_through_pipeline(
     with pipeline(settings, work) as store:
         publish_admin(settings, admin)
         kafka = KafkaSink(settings)
+        started = time.perf_counter()
         try:
             sim = simulation(ObservingSink(platform, kafka) if platform is not None else kafka)
             while sim.step():
@@ -181,9 +184,34 @@ def simulate_through_pipeline(
             result = sim.result()
         finally:
             kafka.close()
+        simulated_s = time.perf_counter() - started
         if platform is not None:
             publish_admission(settings, platform.recorded)
         expected = {record.job.job_id: sum(r.gpu_seconds for r in record.runs) for record in result.jobs}
         check = wait_for_ledger(store, expected, timeout_s)
+        exact_s = time.perf_counter() - started
         charges = project_charges(store, admin.projects())
-    return PipelineRun(result, kafka.sent, check, charges)
+    return PipelineRun(result, kafka.sent, check, charges, simulated_s, exact_s)
+
+
+def replay_through_pipeline(
+    settings: Settings,
+    work: Path,
+    events: Sequence[SimEvent],
+    admin: AdminState,
+    expected: Mapping[str, int],
+    timeout_s: float = 1800.0,
+) -> tuple[LedgerCheck, float]:
+    """The same events, sent as they are (no simulation, no decisions): the baseline a simulated
+    run is measured against. Returns the ledger check and the wall time to an exact ledger."""
+    with pipeline(settings, work) as store:
+        publish_admin(settings, admin)
+        kafka = KafkaSink(settings)
+        started = time.perf_counter()
+        try:
+            for event in events:
+                kafka.emit(event)
+        finally:
+            kafka.close()
+        check = wait_for_ledger(store, expected, timeout_s)
+        return check, time.perf_counter() - started

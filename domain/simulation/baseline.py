@@ -68,6 +68,8 @@ class BaselinePolicy:
     config: BaselineConfig = field(default_factory=BaselineConfig)
     name: str = "baseline"
 
+    queue_version = 0  # the key is the class alone: it never changes
+
     def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
         return (_RANK[job.priority_class],)
 

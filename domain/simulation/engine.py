@@ -14,6 +14,7 @@ holds its GPUs until it is stopped, and is recorded with the instant it stalled.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,9 @@ class Simulation:
             )
         self._failures = tuple(host_failures)
         self._queued: dict[str, dict[str, None]] = {name: {} for name in self._clusters}
+        # Per cluster: the policy's queue version and the queue in order, kept between passes
+        # while the version stands (sorting a long queue at every pass dominated long runs).
+        self._order: dict[str, tuple[object, list[tuple[tuple[int, ...], int, str]]]] = {}
         self._running: dict[str, _JobState] = {}
         self._heap: list[_Event] = []
         self._seq = 0
@@ -422,16 +426,7 @@ class Simulation:
         queued = self._queued[cluster]
         if not queued:
             return
-        order = sorted(
-            queued,
-            key=lambda job_id: (
-                self.policy.queue_key(
-                    self._jobs[job_id].request, self._jobs[job_id].job.submit_at, self._now
-                ),
-                self._jobs[job_id].job.submit_at,
-                job_id,
-            ),
-        )
+        order = [job_id for _, _, job_id in self._ordered(cluster, queued)]
         # Backfill: a job that does not fit waits, the ones behind it may still start.
         place = self._clusters[cluster]
         decided = 0
@@ -445,6 +440,30 @@ class Simulation:
                 continue  # the policy promised the same answer: no need to ask
             decided += 1
             self._try(state)
+
+    def _entry(self, job_id: str) -> tuple[tuple[int, ...], int, str]:
+        state = self._jobs[job_id]
+        key = self.policy.queue_key(state.request, state.job.submit_at, self._now)
+        return (key, state.job.submit_at, job_id)
+
+    def _ordered(self, cluster: str, queued: dict[str, None]) -> list[tuple[tuple[int, ...], int, str]]:
+        """The cluster's queue in the policy's order, then submission, then job id. A policy with
+        a `queue_version` promises its keys stay the same until the version changes: the order is
+        then kept and only jobs queued since are placed; otherwise it is sorted afresh."""
+        version = getattr(self.policy, "queue_version", None)
+        cached = self._order.get(cluster)
+        if version is None or cached is None or cached[0] != version:
+            entries = sorted(self._entry(job_id) for job_id in queued)
+        else:
+            kept = [e for e in cached[1] if e[2] in queued]
+            known = {e[2] for e in kept}
+            entries = kept
+            for job_id in queued:
+                if job_id not in known:
+                    bisect.insort(entries, self._entry(job_id))
+        if version is not None:
+            self._order[cluster] = (version, entries)
+        return entries
 
     # -- the end --------------------------------------------------------------------------------
     def _close(self) -> int:

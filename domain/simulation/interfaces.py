@@ -105,7 +105,9 @@ class Policy(Protocol):
 
     def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
         """The order in which queued jobs are retried (smallest first); the engine breaks ties by
-        submission time, then job id."""
+        submission time, then job id. A policy may also have a `queue_version` attribute: the
+        promise that every key stays the same until it changes (the engine then keeps its order
+        between passes instead of sorting the queue again)."""
         ...
 
     def on_host_health(

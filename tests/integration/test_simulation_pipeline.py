@@ -66,9 +66,10 @@ def test_a_simulated_run_is_metered_exactly_by_the_real_pipeline(
 
 
 def test_the_command_runs_both_policies_through_the_pipeline_and_reports_budgets_from_the_ledger(
-    kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kafka_bootstrap: str, chdb_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("ALLMENDE_CLICKHOUSE_DSN", chdb_dsn)  # chDB: one directory per process
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(plan_text(read_trace(PHILLY, TraceFormat.PHILLY, limit=150)))
     out = tmp_path / "runs.json"
