@@ -228,7 +228,19 @@ def _simulate(
             settings = run_settings(through.base, work, _run_id(label))
             build = simulation if platform else (lambda s: simulation(ObservingSink(accounting, s)))
             admin = PlanAdmin(plan).state
-            run = simulate_through_pipeline(settings, work, build, admin, platform=platform, on_step=on_step)
+            try:
+                run = simulate_through_pipeline(
+                    settings, work, build, admin, platform=platform, on_step=on_step
+                )
+            except (SimulationError, typer.Exit):
+                raise
+            except Exception as e:  # the broker, the database, the meter worker: say which, no trace
+                progress_console.print(
+                    f"[red]{label}: the pipeline failed: {type(e).__name__}: {e}\n"
+                    f"Kafka: {settings.kafka_bootstrap_servers}, ClickHouse: {settings.clickhouse_dsn} "
+                    "(ALLMENDE_CLICKHOUSE_DSN, KAFKA_BOOTSTRAP_SERVERS); --in-memory runs without them."
+                )
+                raise typer.Exit(1) from None
             if not run.check.exact:
                 progress_console.print(
                     f"[red]{label}: the ledger holds {run.check.ledger_gpu_seconds:,} GPU-seconds, the "
