@@ -48,8 +48,9 @@ SAMPLE, PREEMPT, FINISH, START = 0, 1, 2, 3
 _ENDS = (PREEMPT, FINISH)
 _GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the submitted GPU count
 
-# A boundary is [time, rank, hash24, event_id, gpus, utilization_bp]; lists so that bisect
-# compares keys. State written before utilisation was kept has 5 elements (read as busy).
+# A boundary is [time, rank, hash24, event_id, gpus, utilization_bp], and a run's end that knows
+# its run's start has that start as a 7th element; lists so that bisect compares keys. State
+# written before utilisation was kept has 5 elements (read as busy).
 Boundary = list[Any]
 BUSY_BP = 10_000  # utilisation of a span without a reading
 
@@ -90,7 +91,10 @@ def _boundaries_of(event: JobEvent) -> list[Boundary]:
         ]
     if isinstance(event, JobPreempted | JobFinished):
         rank = PREEMPT if isinstance(event, JobPreempted) else FINISH
-        found = [_boundary(event.occurred_at, rank, event.event_id, 0)]
+        end = _boundary(event.occurred_at, rank, event.event_id, 0)
+        if event.started_at is not None:
+            end.append(event.started_at)  # the run charges nothing before its own start
+        found = [end]
         if event.started_at is not None:
             if event.started_at > event.occurred_at:
                 raise MeteringRejected(
@@ -117,7 +121,7 @@ class JobMeter:
     @classmethod
     def from_bytes(cls, raw: bytes) -> JobMeter:
         data = orjson.loads(raw)
-        boundaries = [b if len(b) == 6 else [*b, BUSY_BP] for b in data["b"]]
+        boundaries = [b if len(b) >= 6 else [*b, BUSY_BP] for b in data["b"]]
         return cls(job_id=data["j"], submitted=data["s"], boundaries=boundaries)
 
     # -- commands -----------------------------------------------------------------------------
@@ -188,9 +192,14 @@ class JobMeter:
             elif rank == SAMPLE:
                 charged, busy = int(gpus), _utilization_of(boundary)
             else:
-                # A run's end charges the GPUs in force at the last reading, at its utilisation.
+                # A run's end charges the GPUs in force at the last reading, at its utilisation,
+                # from its own start at the earliest: when a zero-second run ended at an earlier
+                # second, its start (ranked after its end there) is the predecessor, and the time
+                # since belongs to no run.
                 charged = self._gpus_at(pred)
                 busy = _utilization_of(pred) if pred[1] == SAMPLE else BUSY_BP
+                if len(boundary) > 6 and boundary[6] > start:
+                    start = min(int(boundary[6]), time)
         sub = self.submitted or {}
         return LedgerEntry(
             entry_id=entry_id_for(self.job_id, event_id),

@@ -176,6 +176,31 @@ def test_started_at_equal_to_occurred_at_is_accepted_as_an_empty_run() -> None:
     assert meter.gpu_seconds() == 0
 
 
+# Zero-second runs (requeued in the second they started), found by the simulator: at one second a
+# run's end ranks before a start, so a zero-second run's start is the last boundary of its second
+# and the next run's end must not charge the time since.
+ZERO_SECOND_RUNS = [
+    started(0, 1, "s1"), preempted(100, "p1", started_at=0),
+    started(120, 1, "s2"), preempted(120, "p2", started_at=120),
+    started(140, 1, "s3"), preempted(140, "p3", started_at=140),
+    started(150, 1, "s4"), sample(200, 1, "u4"), finished(300, "f4", started_at=150),
+]  # fmt: skip
+
+
+@given(st.permutations(ZERO_SECOND_RUNS))
+@PROPERTY
+def test_zero_second_runs_charge_nothing_and_the_time_between_runs_nothing(events: list[JobEvent]) -> None:
+    meter = meter_after([submitted(1), *events])
+    assert meter.gpu_seconds() == 100 + 0 + 0 + 150
+
+
+def test_state_written_before_ends_knew_their_start_reads_back() -> None:
+    old = meter_after([submitted(1), started(0, 1, "s1"), preempted(100, "p1", started_at=0)])
+    old.boundaries = [b[:6] for b in old.boundaries]
+    restored = JobMeter.from_bytes(old.to_bytes())
+    assert all(len(b) == 6 for b in restored.boundaries) and restored.gpu_seconds() == 100
+
+
 def test_a_recovered_run_is_priced_once_the_submission_gives_its_gpu_count() -> None:
     meter = JobMeter(JOB)
     before = meter.apply(finished(300, "f", started_at=0))
