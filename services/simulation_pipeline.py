@@ -116,11 +116,19 @@ def check_ledger(store: LedgerStore, expected: Mapping[str, int]) -> LedgerCheck
     return LedgerCheck(len(wanted), sum(wanted.values()), sum(ledger.values()), mismatched)
 
 
-def wait_for_ledger(store: LedgerStore, expected: Mapping[str, int], timeout_s: float) -> LedgerCheck:
-    """Until the ledger holds the simulation's GPU-seconds (in total, then job by job)."""
+def wait_for_ledger(
+    store: LedgerStore, expected: Mapping[str, int], timeout_s: float, settle_s: float = 60.0
+) -> LedgerCheck:
+    """Until the ledger holds the simulation's GPU-seconds (in total, then job by job), or it has
+    not moved for `settle_s` (a ledger that disagrees is reported, not waited on until timeout)."""
     total = sum(expected.values())
     deadline = time.monotonic() + timeout_s
-    while store.total_gpu_seconds() != total and time.monotonic() < deadline:
+    last, moved = -1, time.monotonic()
+    while (now := store.total_gpu_seconds()) != total and time.monotonic() < deadline:
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > settle_s:
+            break
         time.sleep(0.2)
     return check_ledger(store, expected)
 
