@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     # Metering worker (faust).
     meter_app_id: str = "allmende-meter"
     meter_data_dir: Path = PROJECT_ROOT / ".allmende" / "faust"
+    # The worker's asyncio loop (faust's F_LOOP, chosen before faust is imported): "uvloop" or "aio".
+    meter_loop: Literal["uvloop", "aio"] = "uvloop"
 
     # HTTP API.
     api_host: str = "127.0.0.1"

@@ -1,7 +1,10 @@
 """A faust agent that does nothing but count: the framework's own ceiling on this machine.
 
-Run by bench/ingest.py as a subprocess: `python bench/faust_ceiling.py BOOTSTRAP TOPIC N`.
-Prints `RATE <events/s>` once it has taken N events (faust routes print to its log, stderr).
+Run by bench/ingest.py as a subprocess: `python bench/faust_ceiling.py BOOTSTRAP TOPIC N [LOOP]`.
+It reads like the meter worker does: the same event loop (LOOP, "uvloop" or "aio", chosen before
+faust is imported, as streams/worker.py does), the same consumer settings and the same batches
+(streams/app.py), so the bench compares like with like. Prints `LOOP <asyncio policy module>` and
+`RATE <events/s>` once it has taken N events (faust routes print to its log, stderr).
 """
 
 from __future__ import annotations
@@ -11,14 +14,22 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
-import faust
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streams.worker import loop_policy, select_loop  # imports no faust
 
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
+select_loop(sys.argv[4] if len(sys.argv) > 4 else "uvloop")
+
+import faust  # noqa: E402
+
+from streams.app import BATCH_MAX, BATCH_WITHIN_S, stream_settings  # noqa: E402
+
 app = faust.App(
     f"ceiling-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}", store="memory://",
-    web_enabled=False, consumer_auto_offset_reset="earliest", broker_commit_every=50_000,
-    datadir=tempfile.mkdtemp(prefix="bench-ceiling-"),
+    web_enabled=False, datadir=tempfile.mkdtemp(prefix="bench-ceiling-"), **stream_settings(),
 )  # fmt: skip
 source = app.topic(topic, key_serializer="raw", value_serializer="raw")
 seen = [0, 0.0]
@@ -26,9 +37,10 @@ seen = [0, 0.0]
 
 @app.agent(source)
 async def count(stream):  # type: ignore[no-untyped-def]
-    async for batch in stream.take_events(5_000, within=0.2):
+    async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
         if not seen[0]:
             seen[1] = time.perf_counter()
+            print(f"LOOP {loop_policy()}", flush=True)
         seen[0] += len(batch)
         if seen[0] >= expected:
             print(f"RATE {seen[0] / (time.perf_counter() - seen[1]):.0f}", flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterable
+from typing import Any
 
 import faust
 import structlog
@@ -60,6 +61,21 @@ class _DecodedMeters:
             self._items.popitem(last=False)
 
 
+def stream_settings() -> dict[str, Any]:
+    """The consuming side of the meter's app, shared with bench/faust_ceiling.py's counting agent.
+
+    The bench compares the meter with an agent that only counts: both read with these.
+    """
+    return {
+        # A commit flushes the producer and waits for every ack: per few batches, not per one.
+        "broker_commit_every": 10 * BATCH_MAX,
+        "broker_commit_interval": 3.0,
+        # Room for a few whole batches per agent, so a batch is not cut short by a full buffer.
+        "stream_buffer_maxsize": 4 * BATCH_MAX,
+        "consumer_auto_offset_reset": "earliest",
+    }
+
+
 def _broker_url(bootstrap: str) -> str:
     return ";".join(f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip())
 
@@ -75,11 +91,7 @@ def create_app(settings: Settings) -> faust.App:
         producer_linger_ms=20,
         producer_compression_type="lz4",
         producer_max_batch_size=1024 * 1024,
-        # A commit flushes the producer and waits for every ack: do it per few batches, not per one.
-        broker_commit_every=10 * BATCH_MAX,
-        broker_commit_interval=3.0,
-        stream_buffer_maxsize=4 * BATCH_MAX,
-        consumer_auto_offset_reset="earliest",
+        **stream_settings(),
         # A killed worker's partitions move to the others after this long, not faust's 60 s.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,

@@ -1,21 +1,59 @@
-"""`python -m streams.worker`: one metering worker process (what `allmende worker` runs)."""
+"""`python -m streams.worker`: one metering worker process (what `allmende worker` runs).
+
+faust picks its event loop once, when `faust` is first imported (`F_LOOP`), so this module
+imports nothing of faust at the top: `main` chooses the loop from the settings, then imports
+the app.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 
-from allmende.kafka_topics import ensure_topics
-from allmende.logs import configure_logging
-from allmende.metrics_server import serve_metrics
+import structlog
+
 from allmende.settings import Settings
-from streams.app import create_app
 
 _FAUST_LEVELS = {"CRITICAL": "crit", "ERROR": "error", "WARNING": "warn", "INFO": "info", "DEBUG": "debug"}
+
+log = structlog.get_logger(__name__)
+
+
+def select_loop(loop: str) -> None:
+    """Make faust run on `loop` ("uvloop" or "aio"): call before faust is imported.
+
+    faust reads `FAUST_LOOP`, then `F_LOOP`, when it is imported. If something imported it
+    already, the env var is too late, so the loop is set through mode's own switch instead (what
+    faust's import would have called); either way this must run before any event loop exists.
+    """
+    os.environ["FAUST_LOOP"] = os.environ["F_LOOP"] = loop
+    if "faust" in sys.modules:
+        import mode.loop
+
+        if loop == "aio":
+            asyncio.set_event_loop_policy(None)  # back to asyncio's own, if uvloop's was set
+        mode.loop.use(loop)
+    elif loop == "uvloop":
+        import uvloop  # noqa: F401  # fail here, with a clear error, if it is missing
+
+
+def loop_policy() -> str:
+    """The module of the asyncio policy in force: `uvloop` or `asyncio.unix_events`."""
+    return type(asyncio.get_event_loop_policy()).__module__
 
 
 def main() -> None:
     settings = Settings()
+    select_loop(settings.meter_loop)
+
+    from allmende.kafka_topics import ensure_topics
+    from allmende.logs import configure_logging
+    from allmende.metrics_server import serve_metrics
+    from streams.app import create_app
+
     configure_logging(settings)
+    log.info("meter_loop", loop=settings.meter_loop, policy=loop_policy())
     ensure_topics(settings)
     serve_metrics(settings, "meter", settings.meter_metrics_port)
     app = create_app(settings)
