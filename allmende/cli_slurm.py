@@ -88,7 +88,8 @@ def agent(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="only log what it would do")] = False,
 ) -> None:
     """Make Slurm follow the platform: drained/down nodes as host reports (their jobs requeued),
-    queued jobs asked about again (released, cancelled or left held). Runs until stopped."""
+    the API's preemption plans carried out, queued jobs asked about again in fair-share order
+    (released, cancelled or left held), pending jobs' Nice from fair share. Runs until stopped."""
     code = _integration("agent").run_agent(config, interval, once, dry_run)
     if code:
         raise typer.Exit(code)
