@@ -217,7 +217,7 @@ def _simulate(
 
     try:
         if through is None:
-            sim = simulation(ObservingSink(accounting) if platform is None else ObservingSink(platform))
+            sim = simulation(accounting if platform is None else ObservingSink(platform))
             while sim.step():
                 on_step(sim)
             report = build_report(sim.result()).with_budgets(accounting.budgets())

@@ -7,7 +7,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.25) -> T:
+    """`check()`'s first truthy answer; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
 
 
 def _pid_file(run_dir: Path, name: str) -> Path:

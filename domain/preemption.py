@@ -38,6 +38,17 @@ STANDARD = "standard"
 VICTIM_CODES = (UNHEALTHY_HOST, OPPORTUNISTIC, PREEMPTIBLE, STANDARD)  # in order of precedence
 
 
+# The order waiting jobs are taken in (the Slurm agent's held jobs, the simulator's queue).
+CLASS_ORDER = {"non-preemptible": 0, "standard": 1, "preemptible": 2}
+
+
+def queue_rank(priority_class: str, factor: float | None) -> tuple[int, int]:
+    """Where a waiting job stands: its priority class first (an unknown one last), then its
+    project's fair-share factor, highest first (missing: exactly at its share), in millionths."""
+    share = DEFAULT_FAIRSHARE if factor is None else factor
+    return (CLASS_ORDER.get(priority_class, len(CLASS_ORDER)), -round(share * 1_000_000))
+
+
 class Reach(IntEnum):
     """How far preemption may go: each level includes the ones below it."""
 

@@ -202,11 +202,15 @@ def job_events(job: TraceJob, sample_every_s: int) -> Iterator[JobEvent]:
 PLACEHOLDER_UTILIZATION = (0.0, 0.04)  # an idle placeholder's utilisation: under the 5 % threshold
 
 
+def seeded_unit(*parts: object) -> float:
+    """A number in [0, 1) from `parts` alone (a seed, the kind of choice, a job or user id): the
+    same job is chosen whatever the order, the limit or the other jobs of a run."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 def _unit(seed: int, job_id: str, what: str) -> float:
-    """A number in [0, 1) from the seed and the job id alone: the same job is chosen whatever the
-    order, the limit or the other jobs of the replay."""
-    digest = hashlib.blake2b(f"{seed}:{what}:{job_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest) / 2**64
+    return seeded_unit(seed, what, job_id)
 
 
 def with_idle_placeholders(jobs: Iterable[TraceJob], share: float, seed: int = 0) -> Iterator[TraceJob]:

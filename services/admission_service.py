@@ -305,10 +305,7 @@ class AdmissionService:
         with self._lock:
             events = []
             for job_id, reason in self.state.releasable(now, self.settings.admission_start_deadline_s):
-                event = HoldReleased(
-                    event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
-                    occurred_at=now, actor=actor, job_id=job_id, reason=reason,
-                )  # fmt: skip
+                event = self._release_event(job_id, reason, now, actor)
                 self.state.apply(event)
                 events.append(event)
             return events
@@ -319,16 +316,16 @@ class AdmissionService:
         """A host report with a deterministic id (the report's instant), folded; the simulator
         records it."""
         now = self.now()
-        event: AdmissionEvent
-        if healthy:
-            event = HostRecovered(event_id=f"host:{cluster}/{host}:ok:{now}", occurred_at=now, actor=actor,
-                                  cluster=cluster, host=host)  # fmt: skip
-        else:
-            event = HostUnhealthy(event_id=f"host:{cluster}/{host}:bad:{now}", occurred_at=now, actor=actor,
-                                  cluster=cluster, host=host, reason=reason)  # fmt: skip
+        event = _host_event(cluster, host, healthy, reason, actor, now, str(now))
         with self._lock:
             self.state.apply(event)
         return event
+
+    def _release_event(self, job_id: str, reason: str, now: int, actor: str) -> HoldReleased:
+        return HoldReleased(
+            event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
+            occurred_at=now, actor=actor, job_id=job_id, reason=reason,
+        )  # fmt: skip
 
     def _require_ready(self) -> None:
         if not self.calculator.ready.is_set():
@@ -422,17 +419,7 @@ class AdmissionService:
         if cluster not in self.admin_log.state.clusters:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
         now = self.now()
-        event: AdmissionEvent
-        if healthy:
-            event = HostRecovered(
-                event_id=f"host:{cluster}/{host}:ok:{time.time_ns()}", occurred_at=now, actor=actor,
-                cluster=cluster, host=host,
-            )  # fmt: skip
-        else:
-            event = HostUnhealthy(
-                event_id=f"host:{cluster}/{host}:bad:{time.time_ns()}", occurred_at=now, actor=actor,
-                cluster=cluster, host=host, reason=reason,
-            )  # fmt: skip
+        event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()))
         try:
             await self._publish([event])
         except Exception as exc:  # Kafka away: no effect, here or after a restart
@@ -461,13 +448,7 @@ class AdmissionService:
         for first in range(0, len(due), chunk):
             with self._lock:
                 events = [
-                    HoldReleased(
-                        event_id=f"release:{job_id}:{_attempt(self.state, job_id)}",
-                        occurred_at=now,
-                        actor="allmende-admission",
-                        job_id=job_id,
-                        reason=reason,
-                    )
+                    self._release_event(job_id, reason, now, "allmende-admission")
                     for job_id, reason in due[first : first + chunk]
                 ]
                 for event in events:
@@ -532,6 +513,18 @@ def _request_of(decided: AdmissionDecided) -> JobRequest:
         gpu_type=decided.gpu_type, gpus=decided.gpus, priority_class=decided.priority_class,
         interactive=decided.interactive, requested_seconds=decided.requested_seconds,
     )  # fmt: skip
+
+
+def _host_event(
+    cluster: str, host: str, healthy: bool, reason: str, actor: str, now: int, nonce: str
+) -> AdmissionEvent:
+    """A host report; `nonce` makes its id (the wall clock's nanoseconds live, the instant in a
+    simulation, where reports are deterministic)."""
+    if healthy:
+        return HostRecovered(event_id=f"host:{cluster}/{host}:ok:{nonce}", occurred_at=now, actor=actor,
+                             cluster=cluster, host=host)  # fmt: skip
+    return HostUnhealthy(event_id=f"host:{cluster}/{host}:bad:{nonce}", occurred_at=now, actor=actor,
+                         cluster=cluster, host=host, reason=reason)  # fmt: skip
 
 
 def _victim_record(victim: Victim) -> VictimRecord:

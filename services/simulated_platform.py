@@ -30,6 +30,7 @@ from domain.fairshare_usage import UsageLedger
 from domain.metering import JobMeter
 from domain.plan import diff
 from domain.plan_file import Plan
+from domain.preemption import queue_rank
 from domain.simulation.interfaces import SimEvent, SimView, Sink
 from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
 from domain.simulation.report import ProjectBudget
@@ -39,7 +40,6 @@ from services.admission_service import AdmissionRefused, AdmissionService
 from services.fairshare_calculator import FairShareCalculator
 
 ACTOR = "allmende-simulator"
-CLASS_RANK = {"non-preemptible": 0, "standard": 1, "preemptible": 2}  # as the Slurm agent asks
 
 
 class PlanAdmin:
@@ -127,9 +127,8 @@ class PlatformPolicy:
         keys are kept until the factors change."""
         key = self._keys.get((job.project, job.priority_class))
         if key is None:
-            factor = self.calculator.current_factors().get(job.project, 0.5)
-            key = (CLASS_RANK.get(job.priority_class, len(CLASS_RANK)), -round(factor * 1_000_000))
-            self._keys[(job.project, job.priority_class)] = key
+            factor = self.calculator.current_factors().get(job.project)
+            key = self._keys[(job.project, job.priority_class)] = queue_rank(job.priority_class, factor)
         return key
 
     def on_host_health(

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from domain.admission_model import JobRequest
+from domain.preemption import CLASS_ORDER
 from domain.simulation.interfaces import SimView
-from domain.simulation.model import CLASS_RANK, Outcome, Queue, Reject, Start, Stop
+from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
 from schemas.events import PriorityClass
 
 HOUR_S = 3600
@@ -32,7 +33,6 @@ HOUR_S = 3600
 _PREEMPTIBLE = PriorityClass.PREEMPTIBLE.value
 _NON_PREEMPTIBLE = PriorityClass.NON_PREEMPTIBLE.value
 _GUARANTEED = (PriorityClass.STANDARD.value, _NON_PREEMPTIBLE)
-_RANK = {cls.value: rank for cls, rank in CLASS_RANK.items()}
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class BaselinePolicy:
     queue_version = 0  # the key is the class alone: it never changes
 
     def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
-        return (_RANK[job.priority_class],)
+        return (CLASS_ORDER[job.priority_class],)  # the old queue: the top class first
 
     def decide(self, job: JobRequest, view: SimView, now: int) -> Outcome:
         total = view.cluster_gpus(job.cluster)

@@ -13,12 +13,11 @@ class whatever the slice, the order or the other jobs, and the same seed gives t
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from domain.simulation.model import TOP_CLASS, HostFailure, SimJob
-from domain.traces import TraceJob
+from domain.traces import TraceJob, seeded_unit
 from schemas.events import PriorityClass
 
 DAY_S = 86_400
@@ -26,8 +25,7 @@ DAY_S = 86_400
 
 def unit(seed: int, what: str, key: str) -> float:
     """A number in [0, 1) from the seed, the kind of choice and the job or user alone."""
-    digest = hashlib.blake2b(f"sim:{seed}:{what}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
+    return seeded_unit("sim", seed, what, key)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,6 @@ from enum import StrEnum
 from domain.admission_model import JobRequest, Lane
 from schemas.events import FinishStatus, PriorityClass
 
-# Rank of each class in the old system's queue: the top class goes first.
-CLASS_RANK = {
-    PriorityClass.NON_PREEMPTIBLE: 0,
-    PriorityClass.STANDARD: 1,
-    PriorityClass.PREEMPTIBLE: 2,
-}
 TOP_CLASS = PriorityClass.NON_PREEMPTIBLE
 
 

@@ -53,6 +53,7 @@ from typing import Any
 
 import httpx
 
+from domain.preemption import queue_rank
 from integrations.slurm.config import ConfigError, SlurmConfig, load_config
 from integrations.slurm.log import LineLog
 from integrations.slurm.scontrol import SlurmJob, fields, parse_job
@@ -66,8 +67,6 @@ REQUEST_KEYS = frozenset(
 )  # fmt: skip
 MAX_REQUEUE_TRIES = 3
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})
-CLASS_RANK = {"non-preemptible": 0, "standard": 1, "preemptible": 2}  # the order held jobs are asked in
-DEFAULT_FACTOR = 0.5  # a project without a factor yet: exactly at its share (as domain/preemption.py)
 
 
 # -- what Slurm shows ----------------------------------------------------------------------------
@@ -490,10 +489,10 @@ class Agent:
             del running[victim_id]
 
     # -- fair-share order ------------------------------------------------------------------------
-    def _queue_rank(self, job: SlurmJob, factors: Mapping[str, float]) -> tuple[int, float, int, int]:
-        klass = CLASS_RANK.get(self.cfg.priority_class_of(job.qos or None), len(CLASS_RANK))
-        factor = factors.get(self.cfg.project_of(job.account), DEFAULT_FACTOR)
-        return (klass, -factor, job.submit_time or 0, _numeric_id(job.job_id))
+    def _queue_rank(self, job: SlurmJob, factors: Mapping[str, float]) -> tuple[int, int, int, int]:
+        klass = self.cfg.priority_class_of(job.qos or None)
+        rank = queue_rank(klass, factors.get(self.cfg.project_of(job.account)))
+        return (*rank, job.submit_time or 0, _numeric_id(job.job_id))
 
     def fairshare_factors(self) -> dict[str, float]:
         """Project -> the platform's fair-share factor ({} when the API has none yet)."""

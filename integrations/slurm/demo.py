@@ -45,6 +45,7 @@ from fastapi import HTTPException, Request
 from rich.console import Console
 from rich.table import Table
 
+from allmende.procs import wait_until
 from integrations.slurm.local import (
     ROOT,
     SLURMCTLD,
@@ -54,7 +55,6 @@ from integrations.slurm.local import (
     slurm_env,
     start_slurm,
     stop_slurm,
-    wait_until,
 )
 
 STATE = ROOT / ".allmende" / "slurm-demo"
@@ -107,6 +107,10 @@ class DemoJob:
     ledger_gpu_s: int | None = None
     verdict: str = ""
     story: list[str] = field(default_factory=list)
+
+    @property
+    def accounted(self) -> str:
+        return f"{self.final}; sacct {self.sacct_gpu_s} GPU-s, ledger {self.ledger_gpu_s} GPU-s"
 
 
 # -- the processes ---------------------------------------------------------------------------------
@@ -501,10 +505,7 @@ class Demo:
                 self.finished(budget)
                 self.wait_ledger(budget)
         budget.story.append("ran in the budget lane; the hooks published its start and end")
-        self.done(
-            f"job {budget.slurm_id}: {budget.final}; sacct {budget.sacct_gpu_s} GPU-s, "
-            f"ledger {budget.ledger_gpu_s} GPU-s"
-        )
+        self.done(f"job {budget.slurm_id}: {budget.accounted}")
 
         # 2. Opportunistic: broke is over budget, preemptible: runs on idle GPUs, QOS preemptible.
         low = DemoJob("opportunistic", "poor", "sbatch --qos=preemptible 8×h100, 60 min", 8)
@@ -541,10 +542,7 @@ class Demo:
         lab.story.append(
             f"its admission named job {low.slurm_id} as the victim; ran once the agent requeued it"
         )
-        self.done(
-            f"job {lab.slurm_id}: the agent requeued job {low.slurm_id} for it; {lab.final}; "
-            f"sacct {lab.sacct_gpu_s} GPU-s, ledger {lab.ledger_gpu_s} GPU-s"
-        )
+        self.done(f"job {lab.slurm_id}: the agent requeued job {low.slurm_id} for it; {lab.accounted}")
 
         # 4. Interactive: srun without a batch script.
         inter = DemoJob("interactive", "team", "srun 1×h100, 2 min", 1)
@@ -562,10 +560,7 @@ class Demo:
                 self.finished(inter)
                 self.wait_ledger(inter)
         inter.story.append("an srun session: the plugin saw no batch script and asked as interactive")
-        self.done(
-            f"job {inter.slurm_id}: {inter.final}; "
-            f"sacct {inter.sacct_gpu_s} GPU-s, ledger {inter.ledger_gpu_s} GPU-s"
-        )
+        self.done(f"job {inter.slurm_id}: {inter.accounted}")
 
         # 5. Over budget and not preemptible: refused at submission, with the API's sentence.
         refused = DemoJob("over budget", "poor", "sbatch --qos=high 2×h100, 60 min", 2)

@@ -15,15 +15,13 @@ import os
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from allmende.kafka_local import free_port
-
-T = TypeVar("T")
+from allmende.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURMCTLD = Path("/usr/sbin/slurmctld")
@@ -36,18 +34,6 @@ PLATFORM_CLUSTER = "slurm-h100"
 ACCOUNTS = ("rich", "poor", "lab", "team", "spent")  # Slurm accounts; `poor` is the project `broke`
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}  # fmt: skip
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.2) -> T:
-    """`check()`'s first truthy answer; TimeoutError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 def hook_python() -> str:

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer
 
 from allmende.meter_process import MeterProcess
+from allmende.procs import wait_until as wait_until  # the tests wait with it
 from allmende.replay import make_producer, publish
 from allmende.settings import Settings
 from schemas.events import JobEvent
 from services.ledger_store import LedgerStore
 from services.ledger_writer import LedgerWriter
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,17 +38,6 @@ class Pipeline:
         self.meters.append(worker)
         worker.wait_ready()
         return worker
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str, every: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 def send_events(settings: Settings, events: Iterable[JobEvent]) -> int:
