@@ -239,6 +239,7 @@ def test_an_opportunistic_job_is_requeued_when_a_project_inside_its_time_slice_w
         # slurmdbd has the run's start: a run preempted in the second it started may be
         # recorded without one (sacct: Start=None, Elapsed 0), while it did hold its GPUs.
         wait_for(lambda: slurm.sacct(low).get("Start", "None") not in {"", "None", "Unknown"}, 30, "sacct")
+        time.sleep(3)  # a run of whole seconds: one requeued in its first second may be recorded as 0 s
 
         # lab is inside its window (8 GPUs guaranteed): admitted, naming the opportunistic job.
         lab = _job_id(slurm.sbatch("-A", "lab", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 2"))
