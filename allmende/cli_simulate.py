@@ -31,7 +31,7 @@ from domain.simulation.engine import Simulation
 from domain.simulation.from_plan import clusters_from_plan
 from domain.simulation.interfaces import Policy, SimEvent, Sink
 from domain.simulation.model import HostFailure, SimJob, SimulationError
-from domain.simulation.policies import POLICIES, PolicyArgs, engine_config
+from domain.simulation.policies import POLICIES, PolicyArgs, class_prices, engine_config
 from domain.simulation.render import render_comparison, render_report
 from domain.simulation.report import SimulationReport, build_report
 from domain.traces import TraceFormat, TraceJob, TraceStats, read_trace
@@ -372,6 +372,14 @@ def simulate(
     inflating_users: Annotated[
         float, typer.Option(help="share of users who submit every job at the top class", min=0, max=1)
     ] = 0.3,
+    price_tolerance: Annotated[
+        float,
+        typer.Option(
+            help="those users keep the top class while it costs at most N times their own class "
+            "(each user's N drawn between 1 and this; only where classes are priced: the platform)",
+            min=1,
+        ),
+    ] = 3.0,
     interactive_share: Annotated[
         float, typer.Option(help="share of small, short jobs that are interactive sessions", min=0, max=1)
     ] = 0.1,
@@ -445,6 +453,7 @@ def simulate(
         seed=seed,
         placeholder_user_share=placeholder_users,
         inflating_user_share=inflating_users,
+        max_price_tolerance=price_tolerance,
         interactive_share=interactive_share,
     )
     args = PolicyArgs(
@@ -474,11 +483,13 @@ def simulate(
         for p in plans:
             mapping = cluster_mapping(p.plan, trace_clusters, explicit)
             mappings[p.label] = mapping
-            jobs = workload(trace_jobs, behaviours, cluster_for=mapping)
-            placeholders = sum(j.placeholder for j in jobs)
             failures = parse_bad_hosts(bad_host or [], p.plan, start_at)
             failures_by_plan[p.label] = failures
             for name in policies:
+                # Users pick their classes knowing what the policy charges for them.
+                prices = class_prices(name, p.plan)
+                jobs = workload(trace_jobs, behaviours, cluster_for=mapping, prices=prices)
+                placeholders = sum(j.placeholder for j in jobs)
                 label = f"{p.label}:{name}"
                 rep = _simulate(bar, label, p.plan, name, jobs, failures, args, sample_every, through)
                 runs.append(Run(label, p, name, rep))
@@ -495,6 +506,7 @@ def simulate(
         "seed": seed,
         "placeholder_users": placeholder_users,
         "inflating_users": inflating_users,
+        "price_tolerance": price_tolerance,
         "interactive_share": interactive_share,
         "placeholder_jobs": placeholders,
         "on_call_hours": on_call_hours,

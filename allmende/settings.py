@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # ledger keeps the pieces under that apart for it (`low_pieces`).
     squat_max_utilization: float = Field(default=0.05, ge=0.0, le=0.25)
     squat_grace_s: int = Field(default=1800, ge=0)
+    # ... and its GPUs go first to a job that needs them (a preemption victim whatever its class,
+    # after jobs on unhealthy hosts; never a time-slice or interactive job): domain/preemption.py.
+    squat_reclaim: bool = True
 
     # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
     # and a POST of a Slack-compatible body to each webhook URL (comma-separated).

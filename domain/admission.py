@@ -206,6 +206,7 @@ def _ids(victims: Sequence[Victim]) -> str:
 
 _GROUP_NOUNS = {
     "unhealthy-host": ("job on an unhealthy host", "jobs on unhealthy hosts"),
+    "squatting": ("job that has left its GPUs idle", "jobs that have left their GPUs idle"),
     "opportunistic": ("opportunistic job", "opportunistic jobs"),
     "preemptible": ("preemptible budget job", "preemptible budget jobs"),
     "standard": ("standard budget job", "standard budget jobs"),

@@ -54,6 +54,9 @@ class RunningJob:
     since: int  # admitted or started at (UTC Unix seconds): work lost grows with it
     hosts: tuple[str, ...] = ()
     interactive: bool = False
+    # Squatting: its GPUs idle since then, by its own readings, for longer than the grace period
+    # (domain.squatting's rule, folded by AdmissionState); None while it works or nobody knows.
+    idle_since: int | None = None
 
 
 class ClusterLoad:
@@ -156,7 +159,7 @@ class Victim:
     job_id: str
     project: str
     gpus: int
-    code: str  # unhealthy-host | opportunistic | preemptible | standard (domain.preemption)
+    code: str  # unhealthy-host | squatting | opportunistic | preemptible | standard (domain.preemption)
     reason: str
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from domain.admission_model import ClusterLoad, Lane, RunningJob
+from domain.metering import utilization_bp
+from domain.squatting import SquatRule, idle_since
 from schemas.admission_events import (
     AdmissionDecided,
     AdmissionEvent,
@@ -26,7 +28,7 @@ from schemas.admission_events import (
     HostRecovered,
     HostUnhealthy,
 )
-from schemas.events import JobEvent, JobFinished, JobPreempted, JobStarted, JobSubmitted
+from schemas.events import JobEvent, JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample
 
 _STARTED, _PREEMPTED, _FINISHED = 3, 1, 2  # ranks at the same second, as the meter orders them
 
@@ -69,6 +71,10 @@ class JobSeen:
     finished: bool = False
     last: tuple[int, int] = (0, 0)  # (time, rank) of the latest lifecycle event
     preemptions: tuple[tuple[int, str], ...] = ()  # (at, reason) of every preemption, sorted
+    # Latest usage readings, busy and idle (squatting rule): maxima, so folding is order-free.
+    busy_read_at: int = 0
+    low_read_at: int = 0
+    idle_since: int | None = None  # squatting since then (AdmissionState.squat), else None
     _running: RunningJob | None = field(default=None, repr=False, compare=False)
 
     def may_hold_gpus(self) -> bool:
@@ -88,7 +94,7 @@ class JobSeen:
         return RunningJob(
             job_id=self.job_id, project=self.project, user=self.user, gpus=self.gpus,
             priority_class=self.priority_class, lane=self.lane, since=self.since, hosts=self.hosts,
-            interactive=self.interactive,
+            interactive=self.interactive, idle_since=self.idle_since,
         )  # fmt: skip
 
 
@@ -115,6 +121,20 @@ class AdmissionState:
     _expiries: list[tuple[int, str]] = field(default_factory=list)
     _due: dict[str, str] = field(default_factory=dict)
     preempted: set[str] = field(default_factory=set)  # jobs with a preemption: the dashboards read them
+    # Squatting jobs are preemption victims (domain.preemption); None: readings are not followed.
+    squat: SquatRule | None = None
+    squats_found: int = 0  # jobs found squatting so far: each may make room for a waiting job
+
+    def _idle(self, job: JobSeen) -> bool:
+        """Set whether the job squats now, from its readings; True when that changed."""
+        found = None
+        if self.squat is not None and job.started:
+            found = idle_since(job.since, job.busy_read_at, job.low_read_at, self.squat)
+        changed = found != job.idle_since
+        if changed and found is not None:
+            self.squats_found += 1
+        job.idle_since = found
+        return changed
 
     def _reindex(self, job: JobSeen) -> None:
         job._running = None
@@ -187,6 +207,16 @@ class AdmissionState:
     def observe(self, event: JobEvent) -> None:
         """Fold one job lifecycle event, in any order: the latest by (time, rank) decides."""
         job = self.jobs.setdefault(event.job_id, JobSeen(event.job_id))
+        if isinstance(event, JobUsageSample):
+            if self.squat is None:
+                return  # a reading changes nothing else admission knows
+            if utilization_bp(event.gpu_utilization) < self.squat.max_utilization_bp:
+                job.low_read_at = max(job.low_read_at, event.occurred_at)
+            else:
+                job.busy_read_at = max(job.busy_read_at, event.occurred_at)
+            if self._idle(job):
+                self._reindex(job)
+            return
         match event:
             case JobSubmitted():
                 if not job.cluster:  # an admission decision knows better, if there was one
@@ -210,6 +240,7 @@ class AdmissionState:
                 job.finished = True
                 job.last = max(job.last, (event.occurred_at, _FINISHED))
                 job.started = False
+        self._idle(job)
         self._reindex(job)
 
     def adopt(self, jobs: Mapping[str, JobSeen]) -> None:
@@ -220,11 +251,16 @@ class AdmissionState:
                 self.preempted.add(job_id)
             if held is None:
                 self.jobs[job_id] = seen
+                self._idle(seen)
                 self._reindex(seen)
             elif seen.last > held.last or seen.finished:
                 held.started, held.since, held.hosts = seen.started, seen.since or held.since, seen.hosts
                 held.finished, held.last = held.finished or seen.finished, max(held.last, seen.last)
                 held.gpus = seen.gpus or held.gpus
+            if held is not None:
+                held.busy_read_at = max(held.busy_read_at, seen.busy_read_at)
+                held.low_read_at = max(held.low_read_at, seen.low_read_at)
+                self._idle(held)
                 self._reindex(held)
             if held is not None and seen.preemptions:
                 held.preemptions = tuple(sorted(set(held.preemptions) | set(seen.preemptions)))

@@ -7,13 +7,18 @@ Victim groups, in order of precedence (the first group goes first):
 
 1. ``unhealthy-host``: every job with a host that is unhealthy, whatever its lane or class. They
    must stop anyway, so all of them are listed, even beyond the GPUs needed.
-2. ``opportunistic``: jobs of the opportunistic lane (over budget, on idle GPUs).
-3. ``preemptible``: budget-lane jobs of class "preemptible" (reach PREEMPTIBLE and beyond).
-4. ``standard``: budget-lane jobs of class "standard" (reach STANDARD).
+2. ``squatting``: jobs whose GPUs have been idle (utilisation under the squatting threshold) for
+   longer than the grace period, by their own usage readings (`RunningJob.idle_since`), whatever
+   their class and at any reach: a job that does no work keeps no GPUs from one that would. This
+   is the platform's answer to placeholder jobs parked to keep GPUs for debugging.
+3. ``opportunistic``: jobs of the opportunistic lane (over budget, on idle GPUs).
+4. ``preemptible``: budget-lane jobs of class "preemptible" (reach PREEMPTIBLE and beyond).
+5. ``standard``: budget-lane jobs of class "standard" (reach STANDARD).
 
 Never victims, unless on an unhealthy host: time-slice jobs (they run inside a guarantee),
-interactive jobs (somebody is at the keyboard), class "non-preemptible" (that is the class's
-promise, whatever the lane). A job without a lane (running before the service decided on it)
+interactive jobs (somebody is at the keyboard, and a session is idle while they think); unless
+squatting: class "non-preemptible" (that is the class's promise, whatever the lane, to a job
+that works). A job without a lane (running before the service decided on it)
 counts as a budget-lane job of its class; a class this module does not know is never a victim.
 
 Within a group: the lowest fair-share factor of the job's project first (a project that has used
@@ -32,10 +37,11 @@ from domain.admission_model import AdmissionSnapshot, Lane, RunningJob, Victim
 DEFAULT_FAIRSHARE = 0.5  # a project without a factor yet is treated as exactly at its share
 
 UNHEALTHY_HOST = "unhealthy-host"
+SQUATTING = "squatting"
 OPPORTUNISTIC = "opportunistic"
 PREEMPTIBLE = "preemptible"
 STANDARD = "standard"
-VICTIM_CODES = (UNHEALTHY_HOST, OPPORTUNISTIC, PREEMPTIBLE, STANDARD)  # in order of precedence
+VICTIM_CODES = (UNHEALTHY_HOST, SQUATTING, OPPORTUNISTIC, PREEMPTIBLE, STANDARD)  # in order of precedence
 
 
 # The order waiting jobs are taken in (the Slurm agent's held jobs, the simulator's queue).
@@ -47,6 +53,12 @@ def queue_rank(priority_class: str, factor: float | None) -> tuple[int, int]:
     project's fair-share factor, highest first (missing: exactly at its share), in millionths."""
     share = DEFAULT_FAIRSHARE if factor is None else factor
     return (CLASS_ORDER.get(priority_class, len(CLASS_ORDER)), -round(share * 1_000_000))
+
+
+def stop_action(code: str, preempt_action: str) -> str:
+    """How a victim is stopped: as configured ("requeue" or "cancel"), except a squatting job,
+    which is cancelled: requeued, it would only park on the next free GPUs again."""
+    return "cancel" if code == SQUATTING else preempt_action
 
 
 class Reach(IntEnum):
@@ -76,6 +88,8 @@ def victim_group(job: RunningJob, unhealthy_hosts: frozenset[str], reach: Reach)
         return UNHEALTHY_HOST
     if job.lane in (Lane.TIME_SLICE, Lane.INTERACTIVE) or job.interactive:
         return None
+    if job.idle_since is not None:
+        return SQUATTING
     if job.priority_class == "non-preemptible":
         return None
     if job.lane is Lane.OPPORTUNISTIC:
@@ -97,6 +111,13 @@ def _on_unhealthy_host(job: RunningJob, factor: float, unhealthy_hosts: frozense
     return (
         f"job {job.job_id} of {job.project} holds {plural(job.gpus, 'GPU')} on {where} "
         f"since {utc_minute(job.since)} and must stop anyway"
+    )
+
+
+def _squatting(job: RunningJob, factor: float, unhealthy_hosts: frozenset[str]) -> str:
+    return (
+        f"job {job.job_id} of {job.project} has left its {plural(job.gpus, 'GPU')} idle since "
+        f"{utc_minute(job.idle_since or job.since)} (squatting)"
     )
 
 
@@ -123,6 +144,7 @@ def _standard(job: RunningJob, factor: float, unhealthy_hosts: frozenset[str]) -
 
 _WHY: Mapping[str, Callable[[RunningJob, float, frozenset[str]], str]] = {
     UNHEALTHY_HOST: _on_unhealthy_host,
+    SQUATTING: _squatting,
     OPPORTUNISTIC: _opportunistic,
     PREEMPTIBLE: _preemptible,
     STANDARD: _standard,

@@ -106,3 +106,16 @@ def find_squatting(
         # Pieces never overlap: the stretch holds the latest piece when it ends where the job does.
         ongoing=qualifying[-1][-1].end >= totals.last_end,
     )
+
+
+def idle_since(run_start: int, last_busy_reading: int, last_low_reading: int, rule: SquatRule) -> int | None:
+    """Where a running job's current idle stretch began, if it is squatting now; else None.
+
+    The same rule as `find_squatting`, on what a follower of the job's readings can keep order-free
+    (two maxima): a reading closes the span before it, so the latest idle stretch runs from the
+    run's start or the latest busy reading, whichever is later, to the latest idle reading, and
+    is squatting once that is longer than the grace period (strictly). Readings of an earlier run
+    are all before `run_start`, so they never count.
+    """
+    begin = max(run_start, last_busy_reading)
+    return begin if last_low_reading - begin > rule.grace_s else None

@@ -32,6 +32,7 @@ from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequ
 from domain.admission_state import AdmissionState, JobSeen
 from domain.budget_view import ChargeRowsCache, budget_lines
 from domain.preemption import Reach, plan_victims
+from domain.squatting import SquatRule
 from domain.timeslices import active_at
 from schemas.admission_events import (
     AdmissionDecided,
@@ -91,7 +92,7 @@ class AdmissionService:
         self.admin_log = admin_log
         self.calculator = calculator
         self.clock = clock
-        self.state = AdmissionState()
+        self.state = self._new_state()
         self._lock = threading.Lock()
         self._producer: AIOKafkaProducer | None = None
         self._log: GroupCommit | None = None
@@ -109,6 +110,11 @@ class AdmissionService:
 
     def now(self) -> int:
         return int(self.clock())
+
+    def _new_state(self) -> AdmissionState:
+        s = self.settings
+        squat = SquatRule.of(s.squat_max_utilization, s.squat_grace_s) if s.squat_reclaim else None
+        return AdmissionState(squat=squat)
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -141,7 +147,7 @@ class AdmissionService:
         s = self.settings
         tp = TopicPartition(s.admission_topic, 0)
         consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
-        state = AdmissionState()
+        state = self._new_state()
 
         def fold(record: Any) -> None:
             try:

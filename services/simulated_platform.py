@@ -30,7 +30,7 @@ from domain.fairshare_usage import UsageLedger
 from domain.metering import JobMeter
 from domain.plan import diff
 from domain.plan_file import Plan
-from domain.preemption import queue_rank
+from domain.preemption import queue_rank, stop_action
 from domain.simulation.interfaces import SimEvent, SimView, Sink
 from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
 from domain.simulation.report import ProjectBudget
@@ -76,6 +76,14 @@ class PlatformPolicy:
         self.recorded: list[AdmissionEvent] = []
         self._keys: dict[tuple[str, str], tuple[int, int]] = {}  # (project, class) -> queue key
         self.queue_version = 0  # the engine keeps its queue order while this stands
+        # Victims the plan says to cancel (squatters, `stop_action`): the engine requeues every
+        # victim, and their next decision ends them, as the Slurm agent's scancel would.
+        self._to_cancel: dict[str, str] = {}
+
+    @property
+    def wait_version(self) -> int:
+        """A job found squatting may make room for jobs promised to wait for free GPUs."""
+        return self.service.state.squats_found
 
     # -- inputs --------------------------------------------------------------------------------
     def observe(self, event: SimEvent) -> None:
@@ -95,6 +103,9 @@ class PlatformPolicy:
     # -- the Policy protocol --------------------------------------------------------------------
     def decide(self, job: JobRequest, view: SimView, now: int) -> Outcome:
         self._tick(now)
+        cancelled = self._to_cancel.pop(job.job_id, None)
+        if cancelled is not None:
+            return Reject(cancelled)
         prior = self.service.state.decisions.get(job.job_id)
         if prior is not None and prior.verdict == "admit":
             # Requeued after a preemption: the job keeps its decision (as a Slurm requeue keeps
@@ -110,6 +121,9 @@ class PlatformPolicy:
         self.recorded.extend(events)
         sentence = " ".join(r.message for r in answer.reasons)
         if answer.verdict == "admit":
+            for victim in answer.preempt:
+                if stop_action(victim.code, "requeue") == "cancel":
+                    self._to_cancel[victim.job_id] = f"cancelled to start job {job.job_id}: {victim.reason}"
             lane = Lane(answer.lane) if answer.lane else None
             return Start(victims=tuple(v.job_id for v in answer.preempt), reason=sentence, lane=lane)
         if answer.verdict == "reject":

@@ -9,6 +9,7 @@ from pathlib import Path
 from domain.plan_file import Plan, parse_plan
 from domain.simulation.behaviours import Behaviours, workload
 from domain.simulation.model import HostFailure, SimJob
+from domain.simulation.policies import class_prices
 from domain.traces import TraceFormat, TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,5 +75,6 @@ def behaviours(seed: int) -> Behaviours:
 
 
 @functools.cache
-def jobs(seed: int) -> tuple[SimJob, ...]:
-    return tuple(workload(trace(), behaviours(seed)))
+def jobs(seed: int, policy: str = "baseline") -> tuple[SimJob, ...]:
+    """The workload as submitted to `policy`: users pick their classes knowing its prices."""
+    return tuple(workload(trace(), behaviours(seed), prices=class_prices(policy, plan())))

@@ -5,8 +5,13 @@ class whatever the slice, the order or the other jobs, and the same seed gives t
 
 - placeholders: a share of users park idle jobs (utilisation about 1 %) that hold GPUs for days,
   one after the other from their first submission, to keep GPUs for debugging;
-- priority inflation: a share of users submit every job at the top class; the others' classes
-  are drawn per job from `class_mix`;
+- priority inflation: a share of users submit every job at the top class while it costs them
+  little: under a policy that charges nothing for priority (the baseline) always; under one that
+  prices classes (the platform: the plan's multipliers), only while the top class costs at most
+  their tolerance times the class they would pick otherwise (drawn per user, seeded, between 1
+  and `max_price_tolerance`). A model of how users answer prices ("when a priority costs budget,
+  nobody picks the maximum for free"), not a measurement. Everybody else's class is drawn per job
+  from `class_mix`;
 - interactive sessions: a share of the small, short jobs are somebody at a keyboard;
 - host failures: hosts that go bad at a given instant, and maybe recover.
 """
@@ -38,6 +43,9 @@ class Behaviours:
     placeholder_utilization: float = 0.01
     placeholder_class: PriorityClass = TOP_CLASS  # a user who squats makes sure nobody takes them
     inflating_user_share: float = 0.3
+    # An inflating user still asks for the top class while it costs at most this many times the
+    # class they would otherwise pick (each user's tolerance drawn between 1 and this).
+    max_price_tolerance: float = 3.0
     # Weights (any positive integers) of the classes users who do not inflate pick per job.
     class_mix: tuple[tuple[PriorityClass, int], ...] = (
         (PriorityClass.PREEMPTIBLE, 30),
@@ -67,6 +75,8 @@ class Behaviours:
             raise ValueError("class_mix needs at least one positive weight and none negative")
         if self.placeholders_per_user < 0 or self.placeholder_gpus < 1 or self.placeholder_duration_s < 1:
             raise ValueError("placeholders need at least one GPU and one second")
+        if self.max_price_tolerance < 1:
+            raise ValueError(f"max_price_tolerance must be at least 1, got {self.max_price_tolerance}")
 
 
 NO_BEHAVIOURS = Behaviours(
@@ -95,12 +105,34 @@ def drawn_class(b: Behaviours, job_id: str) -> PriorityClass:
     return b.class_mix[-1][0]  # float rounding at the very top of the range
 
 
+def price_tolerance(b: Behaviours, user: str) -> float:
+    """How many times the price of their own class a user pays for the top class, at most."""
+    return 1.0 + (b.max_price_tolerance - 1.0) * unit(b.seed, "tolerance", user)
+
+
+# Class prices under a policy (any positive numbers, compared as ratios); None: priority is free.
+ClassPrices = Mapping[str, int]
+
+
+def chosen_class(b: Behaviours, job: TraceJob, prices: ClassPrices | None = None) -> PriorityClass:
+    """The class a job is submitted at: its drawn class, or the top one for a user who inflates
+    and finds it cheap enough."""
+    drawn = drawn_class(b, job.job_id)
+    if not inflates(b, job.user):
+        return drawn
+    if prices is None or prices[TOP_CLASS.value] <= price_tolerance(b, job.user) * prices[drawn.value]:
+        return TOP_CLASS
+    return drawn
+
+
 def is_interactive(b: Behaviours, job: TraceJob) -> bool:
     small = job.gpus <= b.interactive_max_gpus and job.duration_s <= b.interactive_max_s
     return small and b.interactive_share > 0 and unit(b.seed, "interactive", job.job_id) < b.interactive_share
 
 
-def sim_job(job: TraceJob, b: Behaviours, cluster: str | None = None) -> SimJob:
+def sim_job(
+    job: TraceJob, b: Behaviours, cluster: str | None = None, prices: ClassPrices | None = None
+) -> SimJob:
     return SimJob(
         job_id=job.job_id,
         project=job.project,
@@ -110,7 +142,7 @@ def sim_job(job: TraceJob, b: Behaviours, cluster: str | None = None) -> SimJob:
         gpus=job.gpus,
         submit_at=job.submit_at,
         duration_s=job.duration_s,
-        priority_class=TOP_CLASS if inflates(b, job.user) else drawn_class(b, job.job_id),
+        priority_class=chosen_class(b, job, prices),
         interactive=is_interactive(b, job),
         utilization=job.utilization,
         status=job.status,
@@ -143,14 +175,18 @@ def placeholders(first_jobs: Iterable[SimJob], b: Behaviours) -> list[SimJob]:
 
 
 def workload(
-    trace: Iterable[TraceJob], b: Behaviours = Behaviours(), cluster_for: Mapping[str, str] | None = None
+    trace: Iterable[TraceJob],
+    b: Behaviours = Behaviours(),
+    cluster_for: Mapping[str, str] | None = None,
+    prices: ClassPrices | None = None,
 ) -> list[SimJob]:
     """The simulated jobs of a trace with the behaviours applied, by submission time then id.
 
-    `cluster_for` maps a trace's cluster names to the plan's (a trace job keeps its own otherwise).
+    `cluster_for` maps a trace's cluster names to the plan's (a trace job keeps its own otherwise);
+    `prices` are the classes' prices under the policy the jobs are submitted to (None: free).
     """
     mapping = cluster_for or {}
-    jobs = [sim_job(j, b, mapping.get(j.cluster)) for j in trace]
+    jobs = [sim_job(j, b, mapping.get(j.cluster), prices) for j in trace]
     jobs.sort(key=lambda j: (j.submit_at, j.job_id))
     first: dict[str, SimJob] = {}
     for job in jobs:

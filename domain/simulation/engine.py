@@ -107,6 +107,7 @@ class _JobState:
     ended_at: int | None = None
     reason: str = ""
     wait_for_free_gpus: int = 0  # the policy's promise with its last Queue answer
+    wait_version: object = None  # the policy's wait_version when it promised
 
 
 class Simulation:
@@ -268,6 +269,7 @@ class Simulation:
         self.decisions += 1
         outcome = self.policy.decide(state.request, self.view, self._now)
         state.wait_for_free_gpus = outcome.wait_for_free_gpus if isinstance(outcome, Queue) else 0
+        state.wait_version = getattr(self.policy, "wait_version", None)
         if isinstance(outcome, Reject):
             self._changed()
             self._queued[job.cluster].pop(job.job_id, None)
@@ -429,6 +431,7 @@ class Simulation:
         order = [job_id for _, _, job_id in self._ordered(cluster, queued)]
         # Backfill: a job that does not fit waits, the ones behind it may still start.
         place = self._clusters[cluster]
+        wait_version = getattr(self.policy, "wait_version", None)
         decided = 0
         for job_id in order:
             if decided >= self.config.max_decisions_per_pass:
@@ -436,7 +439,7 @@ class Simulation:
             state = self._jobs[job_id]
             if state.outcome is not JobOutcome.QUEUED or job_id not in queued:
                 continue
-            if state.wait_for_free_gpus > place.free_healthy:
+            if state.wait_for_free_gpus > place.free_healthy and state.wait_version == wait_version:
                 continue  # the policy promised the same answer: no need to ask
             decided += 1
             self._try(state)

@@ -107,7 +107,9 @@ class Policy(Protocol):
         """The order in which queued jobs are retried (smallest first); the engine breaks ties by
         submission time, then job id. A policy may also have a `queue_version` attribute: the
         promise that every key stays the same until it changes (the engine then keeps its order
-        between passes instead of sorting the queue again)."""
+        between passes instead of sorting the queue again). And a `wait_version`: a promised wait
+        (`Queue.wait_for_free_gpus`) holds only while it stands (something other than freed GPUs,
+        such as a running job found squatting, may have changed the answer)."""
         ...
 
     def on_host_health(

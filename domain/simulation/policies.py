@@ -60,6 +60,18 @@ def baseline(plan: Plan, args: PolicyArgs) -> Policy:
 
 POLICIES: dict[str, PolicyFactory] = {"baseline": baseline}
 
+# Policies that charge by priority class, as users see it when they pick one: the plan's
+# multipliers (the platform's charges). Absent: priority is free (the baseline's static classes).
+PRICES_CLASSES = {"platform"}
+
+
+def class_prices(policy: str, plan: Plan) -> dict[str, int] | None:
+    """The priority classes' prices a user of `policy` faces (hundredths), or None when free."""
+    if policy not in PRICES_CLASSES or plan.policy is None:
+        return None
+    return dict(plan.policy.hundredths()["priority_multipliers"])
+
+
 # Periodic passes over every queue per policy (None: none; the baseline reads only the state).
 RESCHEDULE_EVERY_S: dict[str, int | None] = {"baseline": None}
 # Policies whose Start may not fit the engine's placement: the platform counts GPUs of jobs it

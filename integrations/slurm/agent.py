@@ -20,10 +20,11 @@
 
 3. Preemption: for a pending job (not held) that the API admitted naming victims (the recorded
    decision, `GET /v1/admission/{id}`), the agent stops the victims still running: `scontrol
-   requeue` (or `scancel` with `preempt_action: cancel`), the reason in each victim's admin
-   comment. Slurm's own preemption is off (`PreemptType=preempt/none`): the API alone picks the
-   victims, in its order (unhealthy hosts, opportunistic, then by fair share), so Slurm can
-   neither pick others nor preempt a job the lanes protect. Each plan is carried out once.
+   requeue` (or `scancel` with `preempt_action: cancel`; a squatting victim is always cancelled,
+   `domain.preemption.stop_action`), the reason in each victim's admin comment. Slurm's own
+   preemption is off (`PreemptType=preempt/none`): the API alone picks the victims, in its order
+   (unhealthy hosts, squatters, opportunistic, then by fair share), so Slurm can neither pick
+   others nor preempt a job the lanes protect. Each plan is carried out once.
 4. Fair-share order: every pending job's Nice is set to -round(factor x `fairshare_nice_scale`)
    from the platform's fair-share factor of its project (`GET /v1/fairshare`); with Slurm's
    fair-share weight at 0 the pending queue follows the platform's fair share within a QOS.
@@ -53,7 +54,7 @@ from typing import Any
 
 import httpx
 
-from domain.preemption import queue_rank
+from domain.preemption import queue_rank, stop_action
 from integrations.slurm.config import ConfigError, SlurmConfig, load_config
 from integrations.slurm.log import LineLog
 from integrations.slurm.scontrol import SlurmJob, fields, parse_job
@@ -468,8 +469,8 @@ class Agent:
         victims: Sequence[dict[str, Any]],
         running: dict[str, SlurmJob],
     ) -> None:
-        action = self.cfg.preempt_action
         for victim in victims:
+            action = stop_action(str(victim.get("code", "")), self.cfg.preempt_action)
             victim_id = str(victim.get("job_id"))
             why = _clean(f"for job {job.job_id} ({admission_id}): {victim.get('reason', '')}")
             target = running.get(victim_id)

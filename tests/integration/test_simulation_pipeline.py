@@ -49,7 +49,7 @@ def test_a_simulated_run_is_metered_exactly_by_the_real_pipeline(
     config = EngineConfig(run_id=f"pipe-{policy_name}", strict=False, sample_every_s=HOUR)
 
     def simulation(sink: Sink) -> Simulation:
-        return Simulation(clusters, jobs(0), policy, sink, config, behaviours(0).host_failures)
+        return Simulation(clusters, jobs(0, policy_name), policy, sink, config, behaviours(0).host_failures)
 
     admin = PlanAdmin(plan()).state
     run = simulate_through_pipeline(settings, tmp_path, simulation, admin, platform=platform, timeout_s=300)
@@ -60,7 +60,8 @@ def test_a_simulated_run_is_metered_exactly_by_the_real_pipeline(
     ran = {rec.job.project for rec in run.result.jobs if rec.runs}
     assert all(run.charges[p] > 0 for p in ran), run.charges
     if platform is not None:
-        assert _count(settings, settings.admission_topic) == len(platform.recorded) > len(jobs(0))
+        recorded = _count(settings, settings.admission_topic)
+        assert recorded == len(platform.recorded) > len(jobs(0, policy_name))
         # The ledger and the platform's own metering agree on every project's charges.
         assert {p: run.charges[p] for p in ran} == {p: platform.budgets()[p].charged_units for p in ran}
 

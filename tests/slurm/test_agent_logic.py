@@ -259,6 +259,10 @@ def _victim(job_id: str, code: str = "opportunistic") -> dict[str, Any]:
     return {"job_id": job_id, "project": "broke", "gpus": 8, "code": code, "reason": f"{job_id} runs"}
 
 
+def _admit(*victims: dict[str, Any]) -> dict[str, Any]:
+    return {"verdict": "admit", "lane": "budget", "preempt": list(victims)}
+
+
 def test_a_pending_jobs_plan_is_carried_out_once_on_the_victims_still_running() -> None:
     slurm = FakeSlurm("", {}, [
         _line("20", "RUNNING", "poor", "preemptible", "allmende:slurm-x-1-aaaa"),
@@ -284,16 +288,24 @@ def test_a_pending_jobs_plan_is_carried_out_once_on_the_victims_still_running() 
 
 
 @pytest.mark.parametrize(
-    ("decision", "stopped"),
+    ("action", "decision", "stopped"),
     [
-        ({"verdict": "admit", "lane": "budget", "preempt": []}, []),
-        ({"verdict": "queue", "lane": None, "preempt": [_victim("slurm-x-1-aaaa")]}, []),
-        ({"verdict": "admit", "lane": "budget", "preempt": [_victim("slurm-x-1-aaaa")]}, [("scancel", "20")]),
+        ("cancel", _admit(), []),
+        ("cancel", {"verdict": "queue", "lane": None, "preempt": [_victim("slurm-x-1-aaaa")]}, []),
+        ("cancel", _admit(_victim("slurm-x-1-aaaa")), [("scancel", "20")]),
+        ("requeue", _admit(_victim("slurm-x-1-aaaa")), [("scontrol", "requeue", "20")]),
+        ("requeue", _admit(_victim("slurm-x-1-aaaa", "squatting")), [("scancel", "20")]),
     ],
-    ids=["no victims named", "not admitted", "cancelled by policy"],
-)
+    ids=[
+        "no victims named",
+        "not admitted",
+        "cancelled by policy",
+        "requeued by policy",
+        "a squatting victim is cancelled whatever the policy",
+    ],
+)  # fmt: skip
 def test_only_an_admitted_jobs_victims_are_stopped_as_the_policy_says(
-    decision: dict[str, Any], stopped: list[tuple[str, ...]]
+    action: str, decision: dict[str, Any], stopped: list[tuple[str, ...]]
 ) -> None:
     slurm = FakeSlurm("", {}, [
         _line("20", "RUNNING", "poor", "preemptible", "allmende:slurm-x-1-aaaa"),
@@ -302,7 +314,7 @@ def test_only_an_admitted_jobs_victims_are_stopped_as_the_policy_says(
     api = FakeApi([], recorded={"slurm-x-2-bbbb": decision})
     lines: list[str] = []
     client = httpx.Client(base_url="http://api", transport=httpx.MockTransport(api))
-    cfg = dataclasses.replace(CFG, preempt_action="cancel")
+    cfg = dataclasses.replace(CFG, preempt_action=action)
     slurm.cfg = cfg
     Agent(cfg, lines.append, slurm=slurm, client=client).run_once()
     assert [c for c in slurm.calls if c[0] == "scancel" or c[1] == "requeue"] == stopped

@@ -66,11 +66,11 @@ def interactive(
 def job(
     job_id: str, project: str = "other", *, gpus: int = 8, lane: Lane | None = Lane.BUDGET,
     priority: str = "standard", since: int = NOW - HOUR, hosts: Iterable[str] = (), user: str = "bob",
-    interactive: bool = False,
+    interactive: bool = False, idle_since: int | None = None,
 ) -> RunningJob:  # fmt: skip
     return RunningJob(
         job_id=job_id, project=project, user=user, gpus=gpus, priority_class=priority, lane=lane,
-        since=since, hosts=tuple(hosts), interactive=interactive,
+        since=since, hosts=tuple(hosts), interactive=interactive, idle_since=idle_since,
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace as dataclass_replace
 
 import pytest
 
@@ -112,3 +113,33 @@ def test_no_behaviours_leaves_the_trace_as_it_is_at_the_standard_class() -> None
 def test_a_trace_cluster_can_be_mapped_to_a_plan_cluster() -> None:
     jobs = workload(ONE_JOB_PER_USER[:3], NO_BEHAVIOURS, cluster_for={"c1": "plan-cluster"})
     assert {j.cluster for j in jobs} == {"plan-cluster"}
+
+
+PRICES = {"preemptible": 50, "standard": 100, "non-preemptible": 200}  # the plans' hundredths
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "prices", "expected"),
+    [
+        (3.0, None, {P: 1.0, S: 1.0, N: 1.0}),  # priority is free: everybody who inflates does
+        (3.0, dict.fromkeys(PRICES, 100), {P: 1.0, S: 1.0, N: 1.0}),  # flat prices: no reason not to
+        (1.0, PRICES, {P: 0.0, S: 0.0, N: 1.0}),  # nobody pays more than their own class's price
+        (3.0, PRICES, {P: 0.0, S: 0.5, N: 1.0}),  # tolerance in [1, 3): 2x for half, 4x for nobody
+    ],
+    ids=["free", "flat prices", "no tolerance", "the plans' prices"],
+)
+def test_an_inflating_user_keeps_the_top_class_only_while_it_costs_them_little(
+    tolerance: float, prices: dict[str, int] | None, expected: dict[PriorityClass, float]
+) -> None:
+    b = Behaviours(seed=2, inflating_user_share=1.0, max_price_tolerance=tolerance)
+    free = {
+        j.job_id: j.priority_class
+        for j in workload(ONE_JOB_PER_USER, dataclass_replace(b, inflating_user_share=0.0))
+    }
+    priced = workload(ONE_JOB_PER_USER, b, prices=prices)
+    for drawn, share in expected.items():
+        jobs = [j for j in priced if not j.placeholder and free[j.job_id] is drawn]
+        top = sum(j.priority_class is N for j in jobs) / len(jobs)
+        assert top == pytest.approx(share, abs=0.05), drawn
+    # A job that does not go to the top class keeps the class it would have had anyway.
+    assert all(j.priority_class in (N, free[j.job_id]) for j in priced if not j.placeholder)
