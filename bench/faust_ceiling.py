@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streams.worker import loop_policy, select_loop  # imports no faust
+from streams.worker import loop_policy, select_loop, tune_gc  # imports no faust
 
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
 select_loop(sys.argv[4] if len(sys.argv) > 4 else "uvloop")
@@ -48,5 +48,6 @@ async def count(stream):  # type: ignore[no-untyped-def]
 
 
 if __name__ == "__main__":
+    tune_gc()  # as streams/worker.py does before its app runs
     sys.argv = [sys.argv[0], "worker", "--without-web", "-l", "warn"]
     app.main()

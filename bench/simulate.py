@@ -35,7 +35,7 @@ from domain.simulation.behaviours import Behaviours, workload  # noqa: E402
 from domain.simulation.engine import Simulation  # noqa: E402
 from domain.simulation.from_plan import clusters_from_plan  # noqa: E402
 from domain.simulation.interfaces import SimEvent, Sink  # noqa: E402
-from domain.simulation.policies import engine_config  # noqa: E402
+from domain.simulation.policies import class_prices, engine_config  # noqa: E402
 from domain.traces import TraceFormat, read_trace  # noqa: E402
 from schemas.events import JobFinished  # noqa: E402
 from services.simulated_platform import PlanAdmin, PlatformPolicy  # noqa: E402
@@ -87,7 +87,8 @@ def main() -> None:
 
     plan = parse_plan(PLAN.read_text())
     admin = PlanAdmin(plan).state
-    jobs = workload(list(read_trace(TRACE, TraceFormat.PHILLY, limit=args.limit)), Behaviours(seed=args.seed))
+    trace = list(read_trace(TRACE, TraceFormat.PHILLY, limit=args.limit))
+    jobs = workload(trace, Behaviours(seed=args.seed), prices=class_prices("platform", plan))
     work = Path(tempfile.mkdtemp(prefix="bench-simulate-"))
     ticks = 100  # os.sysconf("SC_CLK_TCK") on Linux
     with broker_for_run(work / "kafka") as bootstrap:

@@ -64,11 +64,12 @@ class ClusterLoad:
     jobs come and go: a decision costs the same with 10 or 10,000 jobs on the cluster, and only
     one that needs victims looks at the jobs themselves."""
 
-    __slots__ = ("_interactive", "_jobs", "_time_slice", "used_gpus")
+    __slots__ = ("_interactive", "_jobs", "_time_slice", "squatting_gpus", "used_gpus")
 
     def __init__(self, jobs: Iterable[RunningJob] = ()) -> None:
         self._jobs: dict[str, RunningJob] = {}
         self.used_gpus = 0
+        self.squatting_gpus = 0  # of jobs any admission may preempt for squatting
         self._time_slice: dict[str, int] = {}  # project -> GPUs in the time-slice lane
         self._interactive: dict[str, int] = {}  # user -> GPUs in interactive jobs
         for job in jobs:
@@ -80,6 +81,8 @@ class ClusterLoad:
             self._time_slice[job.project] = self._time_slice.get(job.project, 0) + sign * job.gpus
         if job.interactive or job.lane is Lane.INTERACTIVE:
             self._interactive[job.user] = self._interactive.get(job.user, 0) + sign * job.gpus
+        elif job.idle_since is not None and job.lane is not Lane.TIME_SLICE:
+            self.squatting_gpus += sign * job.gpus  # domain.preemption's squatting group
 
     def put(self, job: RunningJob) -> None:
         self.pop(job.job_id)

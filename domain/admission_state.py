@@ -123,7 +123,6 @@ class AdmissionState:
     preempted: set[str] = field(default_factory=set)  # jobs with a preemption: the dashboards read them
     # Squatting jobs are preemption victims (domain.preemption); None: readings are not followed.
     squat: SquatRule | None = None
-    squats_found: int = 0  # jobs found squatting so far: each may make room for a waiting job
 
     def _idle(self, job: JobSeen) -> bool:
         """Set whether the job squats now, from its readings; True when that changed."""
@@ -131,8 +130,6 @@ class AdmissionState:
         if self.squat is not None and job.started:
             found = idle_since(job.since, job.busy_read_at, job.low_read_at, self.squat)
         changed = found != job.idle_since
-        if changed and found is not None:
-            self.squats_found += 1
         job.idle_since = found
         return changed
 
@@ -310,12 +307,16 @@ class AdmissionState:
         and start deadlines come off heaps. A read: asked again without releasing, it answers the same."""
         while self._expiries and self._expiries[0][0] <= now:
             _, job_id = heapq.heappop(self._expiries)
-            self._due[job_id] = "expired"
+            expiring = self.holds.get(job_id)
+            if expiring is not None and not expiring.released:  # released before: nothing due
+                self._due[job_id] = "expired"
         self._pass_start_deadlines(now, start_deadline_s)
         due = {}
         for job_id in self._ended | self._due.keys():
             hold = self.holds.get(job_id)
             if hold is None or hold.released:
+                self._ended.discard(job_id)  # kept no longer: each read would walk it again
+                self._due.pop(job_id, None)
                 continue
             job = self.jobs.get(job_id)
             if job is not None and job.finished:

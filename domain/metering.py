@@ -40,7 +40,7 @@ from schemas.events import (
     JobSubmitted,
     JobUsageSample,
 )
-from schemas.ledger import UNATTRIBUTED, LedgerEntry
+from schemas.ledger import UNATTRIBUTED, LedgerEntry, new_entry
 
 # Rank breaks ties at the same second: a reading closes the span before it, then the run ends,
 # then a new run may start.
@@ -53,6 +53,8 @@ _GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the subm
 # written before utilisation was kept has 5 elements (read as busy).
 Boundary = list[Any]
 BUSY_BP = 10_000  # utilisation of a span without a reading
+_Attribution = tuple[str, str, str, str, str, bool]
+_UNATTRIBUTED: _Attribution = (UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, False)
 
 
 class MeteringRejected(ValueError):
@@ -134,16 +136,34 @@ class JobMeter:
             raise MeteringRejected(f"event for job {event.job_id} routed to job {self.job_id}")
         if isinstance(event, JobSubmitted):
             return self._apply_submitted(event)
-        touched: set[int] = set()
-        for boundary in _boundaries_of(event):
+        boundaries = self.boundaries
+        found = _boundaries_of(event)
+        if len(found) == 1:
+            # One boundary (all but a run's end that carries `started_at`): it touches its own
+            # entry and the next one's.
+            boundary = found[0]
             key = boundary[:4]
-            at = bisect.bisect_left(self.boundaries, key)
-            present = at < len(self.boundaries) and self.boundaries[at][:4] == key
+            at = bisect.bisect_left(boundaries, key)
+            if at < len(boundaries) and boundaries[at][:4] == key:
+                pass  # a duplicate: its entries again
+            elif at == len(boundaries):
+                boundaries.append(boundary)  # in order, the usual case: no entry after it
+                return [self._entry(at, self._attribution())]
+            else:
+                boundaries.insert(at, boundary)
+            attribution = self._attribution()
+            return [self._entry(i, attribution) for i in (at, at + 1) if i < len(boundaries)]
+        touched: set[int] = set()
+        for boundary in found:
+            key = boundary[:4]
+            at = bisect.bisect_left(boundaries, key)
+            present = at < len(boundaries) and boundaries[at][:4] == key
             if not present:
-                self.boundaries.insert(at, boundary)
+                boundaries.insert(at, boundary)
                 touched = {i + 1 if i >= at else i for i in touched}
             touched.update((at, at + 1))
-        return [self._entry(i) for i in sorted(touched) if i < len(self.boundaries)]
+        attribution = self._attribution()
+        return [self._entry(i, attribution) for i in sorted(touched) if i < len(boundaries)]
 
     def _apply_submitted(self, event: JobSubmitted) -> list[LedgerEntry]:
         if self.submitted is not None and self.submitted["event_id"] != event.event_id:
@@ -166,7 +186,22 @@ class JobMeter:
 
     # -- queries ------------------------------------------------------------------------------
     def entries(self) -> list[LedgerEntry]:
-        return [self._entry(i) for i in range(len(self.boundaries))]
+        attribution = self._attribution()
+        return [self._entry(i, attribution) for i in range(len(self.boundaries))]
+
+    def _attribution(self) -> _Attribution:
+        """(project, user, cluster, gpu_type, priority_class, interactive) of every entry now."""
+        sub = self.submitted
+        if not sub:
+            return _UNATTRIBUTED
+        return (
+            sub.get("project", UNATTRIBUTED),
+            sub.get("user", UNATTRIBUTED),
+            sub.get("cluster", UNATTRIBUTED),
+            sub.get("gpu_type", UNATTRIBUTED),
+            sub.get("priority_class", UNATTRIBUTED),
+            bool(sub.get("interactive", False)),
+        )
 
     def _gpus_at(self, boundary: Boundary) -> int:
         rank, gpus = boundary[1], boundary[4]
@@ -176,7 +211,7 @@ class JobMeter:
             return int(self.submitted["gpus"]) if self.submitted else 0
         return int(gpus)
 
-    def _entry(self, index: int) -> LedgerEntry:
+    def _entry(self, index: int, attribution: _Attribution) -> LedgerEntry:
         boundary = self.boundaries[index]
         time, rank, _, event_id, gpus = boundary[:5]
         attributed = 1 if self.submitted else 0
@@ -200,8 +235,9 @@ class JobMeter:
                 busy = _utilization_of(pred) if pred[1] == SAMPLE else BUSY_BP
                 if len(boundary) > 6 and boundary[6] > start:
                     start = min(int(boundary[6]), time)
-        sub = self.submitted or {}
-        return LedgerEntry(
+        project, user, cluster, gpu_type, priority_class, interactive = attribution
+        # LedgerEntry without its frozen __init__ (schemas/ledger.py): one entry per event.
+        return new_entry(
             entry_id=entry_id_for(self.job_id, event_id),
             job_id=self.job_id,
             version=(pred_key << 1) | attributed,
@@ -209,12 +245,12 @@ class JobMeter:
             interval_start=start,
             interval_end=time,
             gpus=charged,
-            project=sub.get("project", UNATTRIBUTED),
-            user=sub.get("user", UNATTRIBUTED),
-            cluster=sub.get("cluster", UNATTRIBUTED),
-            gpu_type=sub.get("gpu_type", UNATTRIBUTED),
-            priority_class=sub.get("priority_class", UNATTRIBUTED),
-            interactive=bool(sub.get("interactive", False)),
+            project=project,
+            user=user,
+            cluster=cluster,
+            gpu_type=gpu_type,
+            priority_class=priority_class,
+            interactive=interactive,
             source_event_id=event_id,
             utilization_bp=busy if charged else BUSY_BP,
         )

@@ -12,8 +12,9 @@ anything twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -51,7 +52,9 @@ class LedgerEntry:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LedgerEntry:
-        entry = cls(**data)
+        # The common case, a record this module encoded: every field, nothing else.
+        fast = type(data) is dict and len(data) == len(_FIELDS) and data.keys() == _FIELD_SET
+        entry = new_entry(**data) if fast else cls(**data)
         if (
             entry.interval_end < entry.interval_start
             or entry.gpus < 0
@@ -60,6 +63,30 @@ class LedgerEntry:
         ):
             raise ValueError(f"ledger entry {entry.entry_id} is not well-formed")
         return entry
+
+
+_FIELDS = tuple(LedgerEntry.__dataclass_fields__)
+_FIELD_SET = frozenset(_FIELDS)
+
+
+def _fast_constructor() -> Callable[..., LedgerEntry]:
+    """`LedgerEntry(**fields)` without the frozen `__init__`'s `object.__setattr__` per field.
+
+    Sets each slot through its descriptor: same object, same equality and hash, about half the
+    cost (the meter builds one entry per event, the writer decodes each again). Keyword-only and
+    every field required: callers that rely on defaults use the class itself.
+    """
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": LedgerEntry}
+    body = []
+    for i, name in enumerate(_FIELDS):
+        scope[f"_set{i}"] = LedgerEntry.__dict__[name].__set__
+        body.append(f"    _set{i}(entry, {name})\n")
+    head = f"def new_entry(*, {', '.join(_FIELDS)}):\n    entry = _new(_cls)\n"
+    exec(f"{head}{''.join(body)}    return entry\n", scope)  # from the dataclass's own field names
+    return cast(Callable[..., LedgerEntry], scope["new_entry"])
+
+
+new_entry = _fast_constructor()
 
 
 def encode_entries(entries: list[LedgerEntry]) -> bytes:

@@ -35,6 +35,7 @@ from domain.simulation.interfaces import SimEvent, SimView, Sink
 from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
 from domain.simulation.report import ProjectBudget
 from schemas.admission_events import AdmissionEvent
+from schemas.events import JobFinished, JobPreempted
 from services.admin_log import AdminLog
 from services.admission_service import AdmissionRefused, AdmissionService
 from services.fairshare_calculator import FairShareCalculator
@@ -79,21 +80,27 @@ class PlatformPolicy:
         # Victims the plan says to cancel (squatters, `stop_action`): the engine requeues every
         # victim, and their next decision ends them, as the Slurm agent's scancel would.
         self._to_cancel: dict[str, str] = {}
+        self._released_at: int | None = None
 
-    @property
-    def wait_version(self) -> int:
-        """A job found squatting may make room for jobs promised to wait for free GPUs."""
-        return self.service.state.squats_found
+    def reclaimable_gpus(self, cluster: str) -> int:
+        """GPUs of squatting jobs on the cluster: any job in a lane that may preempt takes them."""
+        load = self.service.state.live.get(cluster)
+        return 0 if load is None else load.squatting_gpus
 
     # -- inputs --------------------------------------------------------------------------------
     def observe(self, event: SimEvent) -> None:
         """One lifecycle event, as the admission service and the meter would see it from Kafka."""
         self.service.state.observe(event)
         self.accounting.observe(event)
+        if isinstance(event, JobPreempted | JobFinished):
+            self._released_at = None  # a hold may be due: look again at the next decision
 
     def _tick(self, now: int) -> None:
         self.now = now
-        self.recorded.extend(self.service.release_unrecorded(ACTOR))
+        # Holds come due as runs end or time passes: looked for once per instant and end.
+        if self._released_at != now:
+            self._released_at = now
+            self.recorded.extend(self.service.release_unrecorded(ACTOR))
         if now >= self._factors_due:
             self.calculator.latest = self.calculator.snapshot()
             self._factors_due = now + self.factors_every_s
@@ -129,11 +136,23 @@ class PlatformPolicy:
         if answer.verdict == "reject":
             return Reject(sentence)
         codes = {r.code for r in answer.reasons}
+        # Promises are in the engine's free GPUs; the service may count fewer free (a job it
+        # admitted that has not been placed holds a reservation until its start deadline), and
+        # the answer stays the same until the engine has that many more free too.
+        engine_free = view.free_gpus(job.cluster)
+        gap = max(0, engine_free - self._service_free(job.cluster))
         if "no-idle-gpus" in codes:  # over budget: it needs that many idle GPUs, nothing less
-            return Queue(sentence, wait_for_free_gpus=job.gpus)
+            return Queue(sentence, wait_for_free_gpus=job.gpus + gap)
         if "cluster-full" in codes:  # not even with preemption: ask again once a GPU frees up
-            return Queue(sentence, wait_for_free_gpus=min(job.gpus, view.free_gpus(job.cluster) + 1))
+            # (or a job starts squatting: the GPUs it holds can be taken, as free ones)
+            room = engine_free - gap + self.reclaimable_gpus(job.cluster)
+            return Queue(sentence, wait_for_free_gpus=min(job.gpus, room + 1) + gap, reclaimable_counts=True)
         return Queue(sentence)
+
+    def _service_free(self, cluster: str) -> int:
+        """Free GPUs of the cluster as the admission service counts them."""
+        load = self.service.state.load_on(cluster, self.now, self.service.settings.admission_start_deadline_s)
+        return self.admin.state.clusters[cluster].gpus - load.used_gpus
 
     def queue_key(self, job: JobRequest, submitted_at: int, now: int) -> tuple[int, ...]:
         """Priority class, then the project's fair-share factor, highest first (the order the

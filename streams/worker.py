@@ -8,6 +8,7 @@ the app.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 
@@ -38,6 +39,20 @@ def select_loop(loop: str) -> None:
         import uvloop  # noqa: F401  # fail here, with a clear error, if it is missing
 
 
+def tune_gc() -> None:
+    """Fewer cyclic-GC passes over a heap that only grows: call once the app is built.
+
+    The meter keeps every job's state in memory (the table and its decoded objects) and makes
+    short-lived objects per event (events, entries, faust's messages); with CPython's default
+    thresholds a young collection runs every 700 allocations and the old ones walk that whole
+    state. Freezing what exists at start-up and collecting the young generation every 20,000
+    allocations cut the worker's CPU per event by about a tenth. Reference counting still frees
+    everything acyclic at once; only cycles wait longer. bench/faust_ceiling.py calls it too.
+    """
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 1_000)
+
+
 def loop_policy() -> str:
     """The module of the asyncio policy in force: `uvloop` or `asyncio.unix_events`."""
     return type(asyncio.get_event_loop_policy()).__module__
@@ -60,6 +75,7 @@ def main() -> None:
     level = _FAUST_LEVELS.get(settings.log_level.upper(), "info")
     # faust's worker command reads its own argv; the banner and web server are not wanted.
     sys.argv = ["allmende-worker", "worker", "--without-web", "-l", level]
+    tune_gc()
     app.main()
 
 

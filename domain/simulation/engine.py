@@ -14,7 +14,6 @@ holds its GPUs until it is stopped, and is recorded with the instant it stalled.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from domain.simulation.model import (
     Start,
     Stop,
 )
+from domain.simulation.waiting import Entry, WaitingQueue
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,6 @@ class _JobState:
     current: _Run | None = None
     ended_at: int | None = None
     reason: str = ""
-    wait_for_free_gpus: int = 0  # the policy's promise with its last Queue answer
-    wait_version: object = None  # the policy's wait_version when it promised
 
 
 class Simulation:
@@ -143,9 +141,9 @@ class Simulation:
             )
         self._failures = tuple(host_failures)
         self._queued: dict[str, dict[str, None]] = {name: {} for name in self._clusters}
-        # Per cluster: the policy's queue version and the queue in order, kept between passes
-        # while the version stands (sorting a long queue at every pass dominated long runs).
-        self._order: dict[str, tuple[object, list[tuple[tuple[int, ...], int, str]]]] = {}
+        # Per cluster: the queue in the policy's order, grouped by the policy's promises, kept
+        # between passes while the policy's `queue_version` stands.
+        self._waiting: dict[str, WaitingQueue] = {name: WaitingQueue() for name in self._clusters}
         self._running: dict[str, _JobState] = {}
         self._heap: list[_Event] = []
         self._seq = 0
@@ -260,7 +258,7 @@ class Simulation:
         self._changed()
         self.sink.emit(lifecycle.submitted(self.config.run_id, state.job))
         state.outcome = JobOutcome.QUEUED
-        self._queued.setdefault(state.job.cluster, {})[state.job.job_id] = None
+        self._enqueue(state)
         # Only the new job is decided: nothing has been freed since the queue's last pass.
         self._try(state)
 
@@ -268,15 +266,16 @@ class Simulation:
         job = state.job
         self.decisions += 1
         outcome = self.policy.decide(state.request, self.view, self._now)
-        state.wait_for_free_gpus = outcome.wait_for_free_gpus if isinstance(outcome, Queue) else 0
-        state.wait_version = getattr(self.policy, "wait_version", None)
         if isinstance(outcome, Reject):
             self._changed()
-            self._queued[job.cluster].pop(job.job_id, None)
+            self._dequeue(state)
             state.outcome, state.ended_at, state.reason = JobOutcome.CANCELLED, self._now, outcome.reason
             self.sink.emit(lifecycle.cancelled(self.config.run_id, job, self._now))
         elif isinstance(outcome, Queue):
             state.reason = outcome.reason
+            waiting = self._waiting.get(job.cluster)
+            if waiting is not None:
+                waiting.promise(job.job_id, outcome.wait_for_free_gpus, outcome.reclaimable_counts)
         elif isinstance(outcome, Start):
             self._start(state, outcome)
         else:  # pragma: no cover - the Outcome union is closed
@@ -322,7 +321,7 @@ class Simulation:
             state.reason = "admitted but no room to place it"
             return
         self._changed()
-        self._queued[job.cluster].pop(job.job_id, None)
+        self._dequeue(state)
         run = _Run(len(state.runs) + 1, self._now, job.gpus, hosts, state.remaining_s)
         state.current, state.outcome = run, JobOutcome.RUNNING
         self._running[job.job_id] = state
@@ -369,8 +368,8 @@ class Simulation:
         kept = self._done_s(run) if self.config.keep_progress_on_preemption else 0
         self._close_run(state, run, RunEnd.PREEMPTED, kept, reason)
         state.remaining_s -= kept
-        state.outcome, state.reason, state.wait_for_free_gpus = JobOutcome.QUEUED, reason, 0
-        self._queued[state.job.cluster][state.job.job_id] = None
+        state.outcome, state.reason = JobOutcome.QUEUED, reason
+        self._enqueue(state)
         self.sink.emit(
             lifecycle.preempted(self.config.run_id, state.job, run.run_no, self._now, run.start, reason)
         )
@@ -424,49 +423,44 @@ class Simulation:
             self._pass_pending.add(cluster)
             self._push(self._now, _Kind.PASS, cluster)
 
+    def _enqueue(self, state: _JobState) -> None:
+        job_id, cluster = state.job.job_id, state.job.cluster
+        self._queued.setdefault(cluster, {})[job_id] = None
+        waiting = self._waiting.get(cluster)
+        if waiting is not None:
+            waiting.add(job_id, self._entry(job_id))
+
+    def _dequeue(self, state: _JobState) -> None:
+        job_id, cluster = state.job.job_id, state.job.cluster
+        self._queued.get(cluster, {}).pop(job_id, None)
+        waiting = self._waiting.get(cluster)
+        if waiting is not None:
+            waiting.remove(job_id)
+
+    def _reclaimable(self, cluster: str) -> int:
+        reclaimable = getattr(self.policy, "reclaimable_gpus", None)
+        return 0 if reclaimable is None else int(reclaimable(cluster))
+
     def _pass(self, cluster: str) -> None:
-        queued = self._queued[cluster]
-        if not queued:
+        waiting = self._waiting[cluster]
+        if not waiting:
             return
-        order = [job_id for _, _, job_id in self._ordered(cluster, queued)]
+        waiting.rekey(getattr(self.policy, "queue_version", None), self._entry)
         # Backfill: a job that does not fit waits, the ones behind it may still start.
         place = self._clusters[cluster]
-        wait_version = getattr(self.policy, "wait_version", None)
-        decided = 0
-        for job_id in order:
-            if decided >= self.config.max_decisions_per_pass:
+        decided, last = 0, None
+        while decided < self.config.max_decisions_per_pass:
+            # Jobs the policy promised the same answer until more GPUs are free are not asked.
+            last = waiting.next_after(last, place.free_healthy, self._reclaimable(cluster))
+            if last is None:
                 break
-            state = self._jobs[job_id]
-            if state.outcome is not JobOutcome.QUEUED or job_id not in queued:
-                continue
-            if state.wait_for_free_gpus > place.free_healthy and state.wait_version == wait_version:
-                continue  # the policy promised the same answer: no need to ask
             decided += 1
-            self._try(state)
+            self._try(self._jobs[last[2]])
 
-    def _entry(self, job_id: str) -> tuple[tuple[int, ...], int, str]:
+    def _entry(self, job_id: str) -> Entry:
         state = self._jobs[job_id]
         key = self.policy.queue_key(state.request, state.job.submit_at, self._now)
         return (key, state.job.submit_at, job_id)
-
-    def _ordered(self, cluster: str, queued: dict[str, None]) -> list[tuple[tuple[int, ...], int, str]]:
-        """The cluster's queue in the policy's order, then submission, then job id. A policy with
-        a `queue_version` promises its keys stay the same until the version changes: the order is
-        then kept and only jobs queued since are placed; otherwise it is sorted afresh."""
-        version = getattr(self.policy, "queue_version", None)
-        cached = self._order.get(cluster)
-        if version is None or cached is None or cached[0] != version:
-            entries = sorted(self._entry(job_id) for job_id in queued)
-        else:
-            kept = [e for e in cached[1] if e[2] in queued]
-            known = {e[2] for e in kept}
-            entries = kept
-            for job_id in queued:
-                if job_id not in known:
-                    bisect.insort(entries, self._entry(job_id))
-        if version is not None:
-            self._order[cluster] = (version, entries)
-        return entries
 
     # -- the end --------------------------------------------------------------------------------
     def _close(self) -> int:

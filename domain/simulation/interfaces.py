@@ -107,9 +107,9 @@ class Policy(Protocol):
         """The order in which queued jobs are retried (smallest first); the engine breaks ties by
         submission time, then job id. A policy may also have a `queue_version` attribute: the
         promise that every key stays the same until it changes (the engine then keeps its order
-        between passes instead of sorting the queue again). And a `wait_version`: a promised wait
-        (`Queue.wait_for_free_gpus`) holds only while it stands (something other than freed GPUs,
-        such as a running job found squatting, may have changed the answer)."""
+        between passes instead of sorting the queue again). And a `reclaimable_gpus(cluster)`: GPUs
+        of running jobs it would preempt for anyone (squatters), which count as free for a promise
+        made with `Queue.reclaimable_counts`."""
         ...
 
     def on_host_health(

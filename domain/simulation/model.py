@@ -109,6 +109,9 @@ class Queue:
 
     reason: str
     wait_for_free_gpus: int = 0
+    # Whether GPUs the policy could reclaim (`Policy.reclaimable_gpus`: squatters) count as free
+    # for the promise: a job that may preempt them is asked again when they appear.
+    reclaimable_counts: bool = False
 
 
 @dataclass(frozen=True, slots=True)
