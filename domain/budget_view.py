@@ -14,23 +14,47 @@ from collections.abc import Hashable, Mapping, Sequence
 from domain.admission_model import BudgetLine
 from domain.allocations import Allocation
 from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
-from domain.fairshare_usage import BUCKET_S, Slot
+from domain.fairshare_usage import BUCKET_S, Slot, UsageLedger
+
+
+class _SegmentSums:
+    """Charge units per (allocation segment, cluster, GPU type), from hour slots added one by one."""
+
+    def __init__(self, allocations: Sequence[Allocation]) -> None:
+        self.segs = segments(allocations)
+        self._starts = [s for s, _ in self.segs]
+        self.totals: dict[tuple[int, str, str], int] = {}
+        self.total = 0  # of every slot, inside a segment or not
+
+    def add(self, slot: Slot, units: int) -> None:
+        self.total += units
+        hour, cluster, gpu_type = slot
+        at = hour * BUCKET_S
+        i = bisect.bisect_right(self._starts, at) - 1
+        if i >= 0 and at < self.segs[i][1]:
+            key = (i, cluster, gpu_type)
+            left = self.totals.get(key, 0) + units
+            if left:
+                self.totals[key] = left
+            else:
+                self.totals.pop(key, None)  # a segment without charges has no row
+
+    def rows(self) -> list[ChargeRow]:
+        return [
+            ChargeRow(self.segs[i][0], self.segs[i][1], cluster, gpu_type, units, 0)
+            for (i, cluster, gpu_type), units in sorted(self.totals.items())
+        ]
+
+
+def _sums(allocations: Sequence[Allocation], slots: Mapping[Slot, int]) -> _SegmentSums:
+    sums = _SegmentSums(allocations)
+    for slot, units in slots.items():
+        sums.add(slot, units)
+    return sums
 
 
 def rows_from_hours(allocations: Sequence[Allocation], slots: Mapping[Slot, int]) -> list[ChargeRow]:
-    segs = segments(allocations)
-    starts = [s for s, _ in segs]
-    totals: dict[tuple[int, str, str], int] = {}
-    for (hour, cluster, gpu_type), units in slots.items():
-        at = hour * BUCKET_S
-        i = bisect.bisect_right(starts, at) - 1
-        if i >= 0 and at < segs[i][1]:
-            key = (i, cluster, gpu_type)
-            totals[key] = totals.get(key, 0) + units
-    return [
-        ChargeRow(segs[i][0], segs[i][1], cluster, gpu_type, units, 0)
-        for (i, cluster, gpu_type), units in sorted(totals.items())
-    ]
+    return _sums(allocations, slots).rows()
 
 
 def live_balance(
@@ -51,6 +75,33 @@ class ChargeRowsCache:
 
     def __init__(self) -> None:
         self._rows: dict[str, tuple[Hashable, list[ChargeRow], int]] = {}
+        self._followed: dict[str, tuple[Hashable, _SegmentSums]] = {}
+
+    def balance_of(
+        self,
+        project: str,
+        usage: UsageLedger,
+        allocations_key: Hashable,
+        now: int,
+        allocations: Sequence[Allocation],
+        held: Mapping[str, int],
+    ) -> ProjectBalance:
+        """`live_balance` on the usage's hours of `project`, kept up to date from the usage's
+        changes (`UsageLedger.follow`): a decision costs the slots that changed since the last
+        one, not the project's history. Counted again when the allocations (`allocations_key`)
+        or the usage ledger change, or the usage did not keep the changes."""
+        key = (usage.generation, allocations_key)
+        followed = self._followed.get(project)
+        changes = usage.changes(project) if followed is not None and followed[0] == key else None
+        if followed is None or changes is None:
+            usage.follow(project)
+            sums = _sums(allocations, usage.hours.get(project, {}))
+            self._followed[project] = (key, sums)
+        else:
+            sums = followed[1]
+            for slot, units in changes:
+                sums.add(slot, units)
+        return project_balance(project, now, allocations, sums.rows(), sums.total, 0, held)
 
     def balance(
         self,

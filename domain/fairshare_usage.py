@@ -29,6 +29,7 @@ from domain.postings import priced_pieces
 from schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
+JOURNAL_MAX = 100_000  # slot changes kept per followed project between two reads
 
 
 _GENERATIONS = itertools.count(1)
@@ -53,6 +54,21 @@ class UsageLedger:
     versions: dict[str, int] = field(default_factory=dict)  # project -> changes taken: a cache key
     generation: int = field(default_factory=lambda: next(_GENERATIONS))  # a rebuilt ledger is another
     clock: int = 0  # the latest end of use seen: the stream's "now"
+    # Per followed project, the slot changes since its reader last took them (`follow`, `changes`):
+    # a reader that keeps sums (admission's budgets) adds these instead of walking every hour.
+    _journals: dict[str, list[tuple[Slot, int]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def follow(self, project: str) -> None:
+        """Keep the project's slot changes from now on, for `changes`."""
+        self._journals[project] = []
+
+    def changes(self, project: str) -> list[tuple[Slot, int]] | None:
+        """The project's slot changes (slot, signed units) since `follow` or the last call; None
+        when they were not kept (never followed, or more than JOURNAL_MAX: count them again)."""
+        journal = self._journals.get(project)
+        if journal is not None:
+            self._journals[project] = []
+        return journal
 
     def apply(self, entry: LedgerEntry, timeline: PolicyTimeline) -> bool:
         """Take one entry revision; False when an equal or later one was already taken."""
@@ -92,6 +108,12 @@ class UsageLedger:
             self.jobs[job_id] = job_total
         else:
             self.jobs.pop(job_id, None)
+        journal = self._journals.get(project)
+        if journal is not None:
+            if len(journal) >= JOURNAL_MAX:
+                del self._journals[project]  # nobody took them for long: the reader counts again
+            else:
+                journal.extend((slot, sign * units) for slot, units in hours.items())
         totals = self.hours.setdefault(project, {})
         for hour, units in hours.items():
             left = totals.get(hour, 0) + sign * units

@@ -231,10 +231,9 @@ class AdmissionService:
         allocations = admin.allocations_of(request.project)
         with self.calculator.lock:
             held = self.state.held(usage.jobs, request.project)
-            # Rows from the project's hours only when they or the allocations changed.
-            key = (usage.generation, usage.versions.get(request.project, 0), id(admin), len(admin.history))
-            balance = self._charges.balance(
-                request.project, key, now, allocations, usage.hours.get(request.project, {}), held
+            # Sums per allocation segment kept from the usage's changes while the allocations stand.
+            balance = self._charges.balance_of(
+                request.project, usage, (id(admin), len(admin.history)), now, allocations, held
             )
         agreements = active_at(admin.active_agreements(), request.cluster, now)
         guarantees: dict[str, int] = {}

@@ -1,18 +1,23 @@
 """A simulated run through the real pipeline: its own topics and ledger database.
 
 The engine's lifecycle events go to the run's job-events topic (`KafkaSink`), where the real meter
-worker (a `streams.worker` process) and the real ledger writer (in this process, on the run's
-chDB or ClickHouse database) turn them into ledger postings, priced by the plan's policy (the
-plan's admin events go to the run's admin topic first). The platform policy's admission events go
-to the run's admission topic. At the end the ledger is checked against the simulation, job by job
-(`LedgerCheck`): the GPU-seconds the engine ran must be in the ledger, exactly.
+worker (a `streams.worker` process) and the real ledger writer (a `services.simulation_writer`
+process, on the run's chDB directory or ClickHouse database) turn them into ledger postings,
+priced by the plan's policy (the plan's admin events go to the run's admin topic first). The
+platform policy's admission events go to the run's admission topic. At the end the ledger is
+checked against the simulation, job by job (`LedgerCheck`): the GPU-seconds the engine ran must
+be in the ledger, exactly.
 
-Topic prefix and database are `sim_<run>`: a simulated run never mixes with production data.
+Topic prefix and database are `sim_<run>` (with chDB, in a directory of the run's own): a
+simulated run never mixes with production data.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,9 +26,8 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from allmende.clickhouse import Database
 from allmende.kafka_topics import ensure_topics
-from allmende.meter_process import MeterProcess
+from allmende.meter_process import ROOT, MeterProcess, env_for
 from allmende.replay import make_producer
 from allmende.settings import Settings
 from domain.admin_state import AdminState
@@ -34,17 +38,21 @@ from schemas.admin_events import encode_admin_event
 from schemas.admission_events import AdmissionEvent, encode_admission_event
 from schemas.events import encode_event
 from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
 from services.simulated_platform import ObservingSink, PlatformPolicy
 
 
 def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings:
-    """`base` (the broker, the ClickHouse DSN) with topics, database and meter state of a run's own."""
+    """`base` (the broker, the ClickHouse DSN) with topics, database and meter state of a run's own.
+    With chDB, the database is in a directory under `work`: the run's writer process owns it."""
     # The run's id keeps names readable; a random part keeps two runs on one broker apart.
     tag = f"sim_{run}_{uuid.uuid4().hex[:8]}" if run else f"sim_{uuid.uuid4().hex[:10]}"
+    dsn = base.clickhouse_dsn
+    if dsn.startswith("chdb://"):
+        dsn = f"chdb://{work / 'chdb' / tag}"
     return base.model_copy(
         update={
             "topic_prefix": tag,
+            "clickhouse_dsn": dsn,
             "clickhouse_database": tag,
             "meter_app_id": f"{tag}-meter",
             "meter_data_dir": work / "faust",
@@ -133,19 +141,67 @@ def wait_for_ledger(
     return check_ledger(store, expected)
 
 
+class WriterProcess:
+    """The run's ledger writer in a process of its own (`services.simulation_writer`)."""
+
+    def __init__(self, settings: Settings, work: Path) -> None:
+        self.dir = work / f"writer-{uuid.uuid4().hex[:8]}"
+        self.dir.mkdir(parents=True)
+        (self.dir / "settings.json").write_text(settings.model_dump_json())
+        self._log = (self.dir / "writer.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.simulation_writer", str(self.dir)],
+            cwd=ROOT, env=env_for(settings), stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def _wait_for(self, name: str, timeout_s: float) -> Path:
+        path, deadline = self.dir / name, time.monotonic() + timeout_s
+        while not path.exists():
+            if self.proc.poll() is not None:
+                log = (self.dir / "writer.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the run's ledger writer exited ({self.proc.returncode}):\n{log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the run's ledger writer did not write {name} in {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return path
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        self._wait_for("ready", timeout_s)
+
+    def check(
+        self, expected: Mapping[str, int], projects: Sequence[str], timeout_s: float
+    ) -> tuple[LedgerCheck, dict[str, int]]:
+        """Once the run's events are all in Kafka: the ledger against them, and the charges."""
+        asked = {"gpu_seconds": dict(expected), "projects": list(projects), "timeout_s": timeout_s}
+        partial = self.dir / "expected.json.part"
+        partial.write_text(json.dumps(asked))
+        partial.rename(self.dir / "expected.json")
+        answer = json.loads(self._wait_for("check.json", timeout_s + 120).read_text())
+        mismatched = {job: (int(a), int(b)) for job, (a, b) in answer["mismatched"].items()}
+        check = LedgerCheck(answer["jobs"], answer["gpu_seconds"], answer["ledger_gpu_seconds"], mismatched)
+        return check, {p: int(units) for p, units in answer["charges"].items()}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
 @contextlib.contextmanager
-def pipeline(settings: Settings, work: Path) -> Iterator[LedgerStore]:
-    """The run's topics and database, its ledger writer (a thread) and one meter worker process."""
+def pipeline(settings: Settings, work: Path) -> Iterator[WriterProcess]:
+    """The run's topics, its ledger writer and one meter worker, each a process of its own."""
     ensure_topics(settings)
-    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
-    db.migrate()
-    store = LedgerStore(db, sole_writer=True)
-    writer = LedgerWriter(settings, store)
-    writer.start()
+    writer = WriterProcess(settings, work)
     meter = MeterProcess(settings, work / "logs")
     try:
+        writer.wait_ready(120)
         meter.wait_ready(120)
-        yield store
+        yield writer
     finally:
         meter.stop()
         writer.stop()
@@ -180,7 +236,7 @@ def simulate_through_pipeline(
 
     `simulation` builds the engine on the sink it is given; with `platform`, that policy observes
     every event first (its state follows the engine) and its admission events are published."""
-    with pipeline(settings, work) as store:
+    with pipeline(settings, work) as writer:
         publish_admin(settings, admin)
         kafka = KafkaSink(settings)
         started = time.perf_counter()
@@ -196,9 +252,8 @@ def simulate_through_pipeline(
         if platform is not None:
             publish_admission(settings, platform.recorded)
         expected = {record.job.job_id: sum(r.gpu_seconds for r in record.runs) for record in result.jobs}
-        check = wait_for_ledger(store, expected, timeout_s)
+        check, charges = writer.check(expected, admin.projects(), timeout_s)
         exact_s = time.perf_counter() - started
-        charges = project_charges(store, admin.projects())
     return PipelineRun(result, kafka.sent, check, charges, simulated_s, exact_s)
 
 
@@ -212,7 +267,7 @@ def replay_through_pipeline(
 ) -> tuple[LedgerCheck, float]:
     """The same events, sent as they are (no simulation, no decisions): the baseline a simulated
     run is measured against. Returns the ledger check and the wall time to an exact ledger."""
-    with pipeline(settings, work) as store:
+    with pipeline(settings, work) as writer:
         publish_admin(settings, admin)
         kafka = KafkaSink(settings)
         started = time.perf_counter()
@@ -221,5 +276,5 @@ def replay_through_pipeline(
                 kafka.emit(event)
         finally:
             kafka.close()
-        check = wait_for_ledger(store, expected, timeout_s)
+        check, _ = writer.check(expected, admin.projects(), timeout_s)
         return check, time.perf_counter() - started

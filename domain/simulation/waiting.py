@@ -63,13 +63,12 @@ class WaitingQueue:
         if version is not None and version == self._version:
             return
         self._version = version
-        promises = dict(self._promises)
-        self._entries.clear()
-        self._promises.clear()
-        self._groups.clear()
-        for job_id, promise in promises.items():
-            self._entries[job_id] = entry_of(job_id)
-            self._file(job_id, promise)
+        members: dict[Promise, list[Entry]] = {}
+        for job_id, promise in self._promises.items():
+            entry = self._entries[job_id] = entry_of(job_id)
+            members.setdefault(promise, []).append(entry)
+        # Loaded whole (sorted once), not added one by one: thousands of jobs at every new order.
+        self._groups = {promise: SortedList(entries) for promise, entries in members.items()}
 
     def next_after(self, after: Entry | None, free: int, reclaimable: int) -> Entry | None:
         """The first job after `after` in queue order whose promise the cluster meets now (with

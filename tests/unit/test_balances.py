@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from domain.allocations import Allocation
 from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
 from domain.budget_view import ChargeRowsCache, live_balance
-from domain.fairshare_usage import Slot
+from domain.charging import PolicyTimeline, flat_policy
+from domain.fairshare_usage import Slot, UsageLedger
+from schemas.ledger import LedgerEntry
 from tests.unit.admin_builders import DAY, Q1, T0, adjust, grant, transfer, utc, world
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)
@@ -417,3 +419,39 @@ def test_cached_rows_give_the_live_balance_and_change_only_with_their_key(
     assert cache.balance("proj", 2, now, allocations, second, {}) == live_balance(
         "proj", now, allocations, second, {}
     )
+
+
+CHANGES = st.lists(
+    st.tuples(
+        st.sampled_from(["e1", "e2", "e3", "e4"]), st.integers(0, 5),
+        st.integers(T0 - DAY, T0 + 12 * DAY), st.integers(1, 3 * DAY), st.integers(0, 8),
+        st.sampled_from(["c1", "c2"]), st.sampled_from(["H100", "B300"]),
+    ),
+    max_size=25,
+)  # fmt: skip
+FLAT = PolicyTimeline([flat_policy()])
+
+
+@PROPERTY
+@given(
+    allocations=allocations_strategy(), batches=st.lists(CHANGES, min_size=1, max_size=4), cut=st.booleans()
+)
+def test_sums_kept_from_the_usages_changes_give_the_live_balance(
+    allocations: list[Allocation], batches: list[list[tuple[str, int, int, int, int, str, str]]], cut: bool
+) -> None:
+    cache, usage = ChargeRowsCache(), UsageLedger()
+    now, held = T0 + DAY, {a.allocation_id: 7 for a in allocations[:1]}
+    for n, batch in enumerate(batches):
+        for entry_id, version, start, seconds, gpus, cluster, gpu_type in batch:
+            usage.apply(
+                LedgerEntry(
+                    entry_id=entry_id, job_id=f"job-{entry_id}", version=version, interval_start=start,
+                    interval_end=start + seconds, gpus=gpus, project="proj", user="u", cluster=cluster,
+                    gpu_type=gpu_type, priority_class="standard", interactive=False, source_event_id="s",
+                ),
+                FLAT,
+            )  # fmt: skip
+        # Half way, the allocations change (a new key): the sums are counted again.
+        kept = allocations if not cut or n < len(batches) // 2 else allocations[:1]
+        got = cache.balance_of("proj", usage, len(kept), now, kept, held)
+        assert got == live_balance("proj", now, kept, usage.hours.get("proj", {}), held)

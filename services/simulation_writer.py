@@ -1,0 +1,63 @@
+"""`python -m services.simulation_writer RUN_DIR`: a simulated run's ledger writer, in a process
+of its own, and the run's ledger check.
+
+The engine's thread and a ledger writer in one process share one interpreter lock: on the whole
+Philly cut that cost the simulation about half its speed. So the run's writer runs here, on the
+run's own database (a chDB directory may be owned by one process only: the run's, under its work
+directory), and answers the one question the simulator has once every event is in Kafka: does
+the ledger hold, job by job, the GPU-seconds the engine ran, and what did it charge per project?
+
+Files in RUN_DIR: `settings.json` (read at start), `ready` (written once the writer runs),
+`expected.json` (written by the simulator when the run's events are all in Kafka: GPU-seconds per
+job, the projects, a timeout), `check.json` (written here, then the process ends).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from allmende.clickhouse import Database
+from allmende.settings import Settings
+from services.ledger_store import LedgerStore
+from services.ledger_writer import LedgerWriter
+
+PARENT_GONE_S = 24 * 3600  # a writer nobody asks stops after this long
+
+
+def main(run_dir: Path) -> None:
+    from services.simulation_pipeline import project_charges, wait_for_ledger  # shared with its callers
+
+    settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
+    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
+    db.migrate()
+    store = LedgerStore(db, sole_writer=True)
+    writer = LedgerWriter(settings, store)
+    writer.start()
+    (run_dir / "ready").touch()
+    try:
+        expected_file, waited = run_dir / "expected.json", time.monotonic()
+        while not expected_file.exists():
+            if time.monotonic() - waited > PARENT_GONE_S:
+                return
+            time.sleep(0.05)
+        asked = json.loads(expected_file.read_text())
+        check = wait_for_ledger(store, asked["gpu_seconds"], asked["timeout_s"])
+        answer = {
+            "jobs": check.jobs,
+            "gpu_seconds": check.gpu_seconds,
+            "ledger_gpu_seconds": check.ledger_gpu_seconds,
+            "mismatched": check.mismatched,
+            "charges": project_charges(store, asked["projects"]),
+        }
+        partial = run_dir / "check.json.part"
+        partial.write_text(json.dumps(answer))
+        partial.rename(run_dir / "check.json")  # whole or absent: the simulator polls for it
+    finally:
+        writer.stop()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
