@@ -57,6 +57,9 @@ class UsageLedger:
     # Per followed project, the slot changes since its reader last took them (`follow`, `changes`):
     # a reader that keeps sums (admission's budgets) adds these instead of walking every hour.
     _journals: dict[str, list[tuple[Slot, int]]] = field(default_factory=dict, repr=False, compare=False)
+    # Charge units per project and hour whatever the cluster, kept with `hours`: what fair share
+    # decays (`project_hours`), without regrouping every slot at each recompute.
+    _per_hour: dict[str, dict[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def follow(self, project: str) -> None:
         """Keep the project's slot changes from now on, for `changes`."""
@@ -115,26 +118,30 @@ class UsageLedger:
             else:
                 journal.extend((slot, sign * units) for slot, units in hours.items())
         totals = self.hours.setdefault(project, {})
-        for hour, units in hours.items():
-            left = totals.get(hour, 0) + sign * units
+        per_hour = self._per_hour.setdefault(project, {})
+        for slot, units in hours.items():
+            left = totals.get(slot, 0) + sign * units
             if left:
-                totals[hour] = left
+                totals[slot] = left
             else:
-                totals.pop(hour, None)
+                totals.pop(slot, None)
+            hour = slot[0]
+            left = per_hour.get(hour, 0) + sign * units
+            if left:
+                per_hour[hour] = left
+            else:
+                per_hour.pop(hour, None)
         if not totals:
             del self.hours[project]
+        if not per_hour:
+            del self._per_hour[project]
 
     def charge_units(self, project: str) -> int:
         return sum(self.hours.get(project, {}).values())
 
     def project_hours(self) -> dict[str, dict[int, int]]:
         """Charge units per project and hour, whatever the cluster: what fair share decays."""
-        found: dict[str, dict[int, int]] = {}
-        for project, slots in self.hours.items():
-            per_hour = found.setdefault(project, {})
-            for (hour, _, _), units in slots.items():
-                per_hour[hour] = per_hour.get(hour, 0) + units
-        return found
+        return {project: dict(per_hour) for project, per_hour in self._per_hour.items()}
 
 
 def decayed_usage(
