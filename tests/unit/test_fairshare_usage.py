@@ -106,9 +106,11 @@ def test_any_order_and_any_duplication_give_the_same_integers(seed: int, copies:
     for project, slots in other.hours.items():
         for (hour, _, _), units in slots.items():
             regrouped.setdefault(project, {})[hour] = regrouped.get(project, {}).get(hour, 0) + units
-    assert other.project_hours() == in_order.project_hours() == {
-        p: {h: u for h, u in hours.items() if u} for p, hours in regrouped.items()
-    }
+    assert (
+        other.project_hours()
+        == in_order.project_hours()
+        == {p: {h: u for h, u in hours.items() if u} for p, hours in regrouped.items()}
+    )
 
 
 def test_ten_gpus_used_then_idle_halve_their_usage_every_half_life() -> None:
