@@ -76,6 +76,7 @@ class PlatformPolicy:
         self.accounting = Accounting(self.admin, self.calculator.usage, self.calculator.lock)
         self.recorded: list[AdmissionEvent] = []
         self._keys: dict[tuple[str, str], tuple[int, int]] = {}  # (project, class) -> queue key
+        self._levels: dict[str | None, int] = {}  # project -> place in fair-share order
         self.queue_version = 0  # the engine keeps its queue order while this stands
         # Victims the plan says to cancel (squatters, `stop_action`): the engine requeues every
         # victim, and their next decision ends them, as the Slurm agent's scancel would.
@@ -104,8 +105,11 @@ class PlatformPolicy:
         if now >= self._factors_due:
             self.calculator.latest = self.calculator.snapshot()
             self._factors_due = now + self.factors_every_s
-            self._keys.clear()
-            self.queue_version += 1  # new factors, new queue order
+            levels = self._factor_levels()
+            if levels != self._levels:  # the projects' order changed: new keys, new queue order
+                self._levels = levels
+                self._keys.clear()
+                self.queue_version += 1
 
     # -- the Policy protocol --------------------------------------------------------------------
     def decide(self, job: JobRequest, view: SimView, now: int) -> Outcome:
@@ -160,9 +164,20 @@ class PlatformPolicy:
         keys are kept until the factors change."""
         key = self._keys.get((job.project, job.priority_class))
         if key is None:
-            factor = self.calculator.current_factors().get(job.project)
-            key = self._keys[(job.project, job.priority_class)] = queue_rank(job.priority_class, factor)
+            klass, _ = queue_rank(job.priority_class, None)
+            level = self._levels.get(job.project, self._levels.get(None, 0))
+            key = self._keys[(job.project, job.priority_class)] = (klass, level)
         return key
+
+    def _factor_levels(self) -> dict[str | None, int]:
+        """Each project's place in fair-share order (`queue_rank`'s, densely numbered; None: a
+        project without a factor). Keys from places, not factors, stay the same while the order
+        does, so the engine keeps its sorted queue across recomputes that move no project."""
+        factors = self.calculator.current_factors()
+        ranks: dict[str | None, int] = {p: queue_rank("", f)[1] for p, f in factors.items()}
+        ranks[None] = queue_rank("", None)[1]
+        place = {rank: i for i, rank in enumerate(sorted(set(ranks.values())))}
+        return {project: place[rank] for project, rank in ranks.items()}
 
     def on_host_health(
         self, cluster: str, host: str, healthy: bool, view: SimView, now: int
