@@ -52,6 +52,8 @@ def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings
     return base.model_copy(
         update={
             "topic_prefix": tag,
+            # A simulated run wants throughput, not latency: fewer, larger inserts into its ledger.
+            "writer_batch_wait_ms": max(base.writer_batch_wait_ms, 1000),
             "clickhouse_dsn": dsn,
             "clickhouse_database": tag,
             "meter_app_id": f"{tag}-meter",
