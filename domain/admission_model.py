@@ -58,6 +58,16 @@ class RunningJob:
     # (domain.squatting's rule, folded by AdmissionState); None while it works or nobody knows.
     idle_since: int | None = None
 
+    @property
+    def squatting(self) -> bool:
+        """Idle for longer than the grace period and neither inside a guarantee nor at a keyboard:
+        any admission that lacks GPUs may take its (domain.preemption's `squatting` group)."""
+        return (
+            self.idle_since is not None
+            and self.lane not in (Lane.TIME_SLICE, Lane.INTERACTIVE)
+            and not self.interactive
+        )
+
 
 class ClusterLoad:
     """The jobs holding GPUs of one cluster, and the sums every decision reads, kept up to date as
@@ -81,8 +91,8 @@ class ClusterLoad:
             self._time_slice[job.project] = self._time_slice.get(job.project, 0) + sign * job.gpus
         if job.interactive or job.lane is Lane.INTERACTIVE:
             self._interactive[job.user] = self._interactive.get(job.user, 0) + sign * job.gpus
-        elif job.idle_since is not None and job.lane is not Lane.TIME_SLICE:
-            self.squatting_gpus += sign * job.gpus  # domain.preemption's squatting group
+        if job.squatting:
+            self.squatting_gpus += sign * job.gpus
 
     def put(self, job: RunningJob) -> None:
         self.pop(job.job_id)

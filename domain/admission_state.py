@@ -207,7 +207,7 @@ class AdmissionState:
         if isinstance(event, JobUsageSample):
             if self.squat is None:
                 return  # a reading changes nothing else admission knows
-            if utilization_bp(event.gpu_utilization) < self.squat.max_utilization_bp:
+            if self.squat.idle(utilization_bp(event.gpu_utilization)):
                 job.low_read_at = max(job.low_read_at, event.occurred_at)
             else:
                 job.busy_read_at = max(job.busy_read_at, event.occurred_at)

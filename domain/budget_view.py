@@ -53,10 +53,6 @@ def _sums(allocations: Sequence[Allocation], slots: Mapping[Slot, int]) -> _Segm
     return sums
 
 
-def rows_from_hours(allocations: Sequence[Allocation], slots: Mapping[Slot, int]) -> list[ChargeRow]:
-    return _sums(allocations, slots).rows()
-
-
 def live_balance(
     project: str,
     now: int,
@@ -65,16 +61,15 @@ def live_balance(
     held: Mapping[str, int],
 ) -> ProjectBalance:
     """The balance from the hours as they are now (no cache: every call walks them)."""
-    return ChargeRowsCache().balance(project, None, now, allocations, slots, held)
+    sums = _sums(allocations, slots)
+    return project_balance(project, now, allocations, sums.rows(), sums.total, 0, held)
 
 
 class ChargeRowsCache:
-    """`rows_from_hours` and the total per project, computed again only when the caller's key
-    (its usage's version, the allocations' revision) changes: a decision then costs the project's
-    allocation segments, not its history of hours."""
+    """Charge units per allocation segment for each project, kept from the usage's changes: a
+    decision then costs the project's allocation segments, not its history of hours."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[Hashable, list[ChargeRow], int]] = {}
         self._followed: dict[str, tuple[Hashable, _SegmentSums]] = {}
 
     def balance_of(
@@ -102,23 +97,6 @@ class ChargeRowsCache:
             for slot, units in changes:
                 sums.add(slot, units)
         return project_balance(project, now, allocations, sums.rows(), sums.total, 0, held)
-
-    def balance(
-        self,
-        project: str,
-        key: Hashable,
-        now: int,
-        allocations: Sequence[Allocation],
-        slots: Mapping[Slot, int],
-        held: Mapping[str, int],
-    ) -> ProjectBalance:
-        """`live_balance`, equal to it for the same inputs as long as `key` names them."""
-        cached = self._rows.get(project)
-        if cached is None or cached[0] != key:
-            cached = (key, rows_from_hours(allocations, slots), sum(slots.values()))
-            self._rows[project] = cached
-        _, rows, total = cached
-        return project_balance(project, now, allocations, rows, total, 0, held)
 
 
 def budget_lines(balance: ProjectBalance, now: int, cluster: str, gpu_type: str) -> tuple[BudgetLine, ...]:

@@ -51,7 +51,6 @@ class UsageLedger:
     entries: dict[str, _Held] = field(default_factory=dict)
     hours: dict[str, dict[Slot, int]] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)  # job id -> charge units so far
-    versions: dict[str, int] = field(default_factory=dict)  # project -> changes taken: a cache key
     generation: int = field(default_factory=lambda: next(_GENERATIONS))  # a rebuilt ledger is another
     clock: int = 0  # the latest end of use seen: the stream's "now"
     # Per followed project, the slot changes since its reader last took them (`follow`, `changes`):
@@ -105,7 +104,6 @@ class UsageLedger:
     def _add(self, project: str, job_id: str, hours: Mapping[Slot, int], sign: int) -> None:
         if not hours:
             return
-        self.versions[project] = self.versions.get(project, 0) + 1
         job_total = self.jobs.get(job_id, 0) + sign * sum(hours.values())
         if job_total:
             self.jobs[job_id] = job_total

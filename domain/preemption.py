@@ -48,11 +48,20 @@ VICTIM_CODES = (UNHEALTHY_HOST, SQUATTING, OPPORTUNISTIC, PREEMPTIBLE, STANDARD)
 CLASS_ORDER = {"non-preemptible": 0, "standard": 1, "preemptible": 2}
 
 
+def class_rank(priority_class: str) -> int:
+    """A waiting job's priority class in queue order (an unknown one last)."""
+    return CLASS_ORDER.get(priority_class, len(CLASS_ORDER))
+
+
+def fairshare_rank(factor: float | None) -> int:
+    """A project's fair-share factor in queue order, highest first (missing: exactly at its
+    share), in millionths."""
+    return -round((DEFAULT_FAIRSHARE if factor is None else factor) * 1_000_000)
+
+
 def queue_rank(priority_class: str, factor: float | None) -> tuple[int, int]:
-    """Where a waiting job stands: its priority class first (an unknown one last), then its
-    project's fair-share factor, highest first (missing: exactly at its share), in millionths."""
-    share = DEFAULT_FAIRSHARE if factor is None else factor
-    return (CLASS_ORDER.get(priority_class, len(CLASS_ORDER)), -round(share * 1_000_000))
+    """Where a waiting job stands: its priority class first, then its project's fair share."""
+    return (class_rank(priority_class), fairshare_rank(factor))
 
 
 def stop_action(code: str, preempt_action: str) -> str:
@@ -86,10 +95,10 @@ def victim_group(job: RunningJob, unhealthy_hosts: frozenset[str], reach: Reach)
     """The victim code of `job` under `reach`, or None when the job may not be preempted."""
     if unhealthy_hosts.intersection(job.hosts):
         return UNHEALTHY_HOST
+    if job.squatting:
+        return SQUATTING
     if job.lane in (Lane.TIME_SLICE, Lane.INTERACTIVE) or job.interactive:
         return None
-    if job.idle_since is not None:
-        return SQUATTING
     if job.priority_class == "non-preemptible":
         return None
     if job.lane is Lane.OPPORTUNISTIC:

@@ -25,6 +25,10 @@ class SquatRule:
     def of(cls, max_utilization: float, grace_s: int) -> SquatRule:
         return cls(round(max_utilization * FULL_BP), grace_s)
 
+    def idle(self, utilization_bp: int) -> bool:
+        """A reading (or a piece) this low counts towards squatting."""
+        return utilization_bp < self.max_utilization_bp
+
 
 class UsagePiece(NamedTuple):
     """A piece of a job's GPU time as the ledger holds it (current revision). A named tuple: a
@@ -81,7 +85,7 @@ def find_squatting(
     stretches: list[list[UsagePiece]] = []
     current: list[UsagePiece] = []
     for piece in valid:
-        idle = piece.utilization_bp < rule.max_utilization_bp
+        idle = rule.idle(piece.utilization_bp)
         if idle and current and current[-1].end == piece.start:
             current.append(piece)
             continue

@@ -30,7 +30,7 @@ from domain.fairshare_usage import UsageLedger
 from domain.metering import JobMeter
 from domain.plan import diff
 from domain.plan_file import Plan
-from domain.preemption import queue_rank, stop_action
+from domain.preemption import class_rank, fairshare_rank, stop_action
 from domain.simulation.interfaces import SimEvent, SimView, Sink
 from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
 from domain.simulation.report import ProjectBudget
@@ -164,18 +164,17 @@ class PlatformPolicy:
         keys are kept until the factors change."""
         key = self._keys.get((job.project, job.priority_class))
         if key is None:
-            klass, _ = queue_rank(job.priority_class, None)
             level = self._levels.get(job.project, self._levels.get(None, 0))
-            key = self._keys[(job.project, job.priority_class)] = (klass, level)
+            key = self._keys[(job.project, job.priority_class)] = (class_rank(job.priority_class), level)
         return key
 
     def _factor_levels(self) -> dict[str | None, int]:
-        """Each project's place in fair-share order (`queue_rank`'s, densely numbered; None: a
+        """Each project's place in fair-share order (`fairshare_rank`, densely numbered; None: a
         project without a factor). Keys from places, not factors, stay the same while the order
         does, so the engine keeps its sorted queue across recomputes that move no project."""
         factors = self.calculator.current_factors()
-        ranks: dict[str | None, int] = {p: queue_rank("", f)[1] for p, f in factors.items()}
-        ranks[None] = queue_rank("", None)[1]
+        ranks: dict[str | None, int] = {p: fairshare_rank(f) for p, f in factors.items()}
+        ranks[None] = fairshare_rank(None)
         place = {rank: i for i, rank in enumerate(sorted(set(ranks.values())))}
         return {project: place[rank] for project, rank in ranks.items()}
 

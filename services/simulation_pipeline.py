@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kafka import KafkaProducer
@@ -37,8 +37,8 @@ from domain.simulation.model import SimulationResult
 from schemas.admin_events import encode_admin_event
 from schemas.admission_events import AdmissionEvent, encode_admission_event
 from schemas.events import encode_event
-from services.ledger_store import LedgerStore
 from services.simulated_platform import ObservingSink, PlatformPolicy
+from services.simulation_writer import LedgerCheck
 
 
 def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings:
@@ -100,47 +100,6 @@ def _send(settings: Settings, topic: str, records: Sequence[tuple[str, bytes]]) 
         producer.flush()
     finally:
         producer.close()
-
-
-@dataclass
-class LedgerCheck:
-    """The ledger against the simulation, job by job."""
-
-    jobs: int
-    gpu_seconds: int  # what the simulation ran, in total
-    ledger_gpu_seconds: int
-    mismatched: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (simulated, ledger)
-
-    @property
-    def exact(self) -> bool:
-        return not self.mismatched and self.gpu_seconds == self.ledger_gpu_seconds
-
-
-def check_ledger(store: LedgerStore, expected: Mapping[str, int]) -> LedgerCheck:
-    ledger = store.job_gpu_seconds()
-    wanted = {job: seconds for job, seconds in expected.items() if seconds}
-    mismatched = {
-        job: (seconds, ledger.get(job, 0)) for job, seconds in wanted.items() if ledger.get(job, 0) != seconds
-    }
-    mismatched.update({job: (0, seconds) for job, seconds in ledger.items() if job not in wanted and seconds})
-    return LedgerCheck(len(wanted), sum(wanted.values()), sum(ledger.values()), mismatched)
-
-
-def wait_for_ledger(
-    store: LedgerStore, expected: Mapping[str, int], timeout_s: float, settle_s: float = 60.0
-) -> LedgerCheck:
-    """Until the ledger holds the simulation's GPU-seconds (in total, then job by job), or it has
-    not moved for `settle_s` (a ledger that disagrees is reported, not waited on until timeout)."""
-    total = sum(expected.values())
-    deadline = time.monotonic() + timeout_s
-    last, moved = -1, time.monotonic()
-    while (now := store.total_gpu_seconds()) != total and time.monotonic() < deadline:
-        if now != last:
-            last, moved = now, time.monotonic()
-        elif time.monotonic() - moved > settle_s:
-            break
-        time.sleep(0.2)
-    return check_ledger(store, expected)
 
 
 class WriterProcess:
@@ -207,11 +166,6 @@ def pipeline(settings: Settings, work: Path) -> Iterator[WriterProcess]:
     finally:
         meter.stop()
         writer.stop()
-
-
-def project_charges(store: LedgerStore, projects: Sequence[str]) -> dict[str, int]:
-    """Charge units the ledger holds per project (every entry, whatever its end)."""
-    return {p: store.project_charges(p, 2**62)[0] for p in projects}
 
 
 @dataclass

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from allmende.clickhouse import Database
@@ -27,9 +29,53 @@ from services.ledger_writer import LedgerWriter
 PARENT_GONE_S = 24 * 3600  # a writer nobody asks stops after this long
 
 
-def main(run_dir: Path) -> None:
-    from services.simulation_pipeline import project_charges, wait_for_ledger  # shared with its callers
+@dataclass
+class LedgerCheck:
+    """The ledger against the simulation, job by job."""
 
+    jobs: int
+    gpu_seconds: int  # what the simulation ran, in total
+    ledger_gpu_seconds: int
+    mismatched: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (simulated, ledger)
+
+    @property
+    def exact(self) -> bool:
+        return not self.mismatched and self.gpu_seconds == self.ledger_gpu_seconds
+
+
+def check_ledger(store: LedgerStore, expected: Mapping[str, int]) -> LedgerCheck:
+    ledger = store.job_gpu_seconds()
+    wanted = {job: seconds for job, seconds in expected.items() if seconds}
+    mismatched = {
+        job: (seconds, ledger.get(job, 0)) for job, seconds in wanted.items() if ledger.get(job, 0) != seconds
+    }
+    mismatched.update({job: (0, seconds) for job, seconds in ledger.items() if job not in wanted and seconds})
+    return LedgerCheck(len(wanted), sum(wanted.values()), sum(ledger.values()), mismatched)
+
+
+def wait_for_ledger(
+    store: LedgerStore, expected: Mapping[str, int], timeout_s: float, settle_s: float = 60.0
+) -> LedgerCheck:
+    """Until the ledger holds the simulation's GPU-seconds (in total, then job by job), or it has
+    not moved for `settle_s` (a ledger that disagrees is reported, not waited on until timeout)."""
+    total = sum(expected.values())
+    deadline = time.monotonic() + timeout_s
+    last, moved = -1, time.monotonic()
+    while (now := store.total_gpu_seconds()) != total and time.monotonic() < deadline:
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > settle_s:
+            break
+        time.sleep(0.2)
+    return check_ledger(store, expected)
+
+
+def project_charges(store: LedgerStore, projects: Sequence[str]) -> dict[str, int]:
+    """Charge units the ledger holds per project (every entry, whatever its end)."""
+    return {p: store.project_charges(p, 2**62)[0] for p in projects}
+
+
+def main(run_dir: Path) -> None:
     settings = Settings.model_validate_json((run_dir / "settings.json").read_text())
     db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
     db.migrate()

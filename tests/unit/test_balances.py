@@ -10,7 +10,7 @@ from domain.allocations import Allocation
 from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
 from domain.budget_view import ChargeRowsCache, live_balance
 from domain.charging import PolicyTimeline, flat_policy
-from domain.fairshare_usage import Slot, UsageLedger
+from domain.fairshare_usage import UsageLedger
 from schemas.ledger import LedgerEntry
 from tests.unit.admin_builders import DAY, Q1, T0, adjust, grant, transfer, utc, world
 
@@ -390,36 +390,7 @@ def test_every_charge_unit_is_charged_to_an_allocation_overspent_or_unallocated(
         assert any(line.charged_units == line.allocated_units for line in result.allocations)
 
 
-# -- the admission service's cached rows -------------------------------------------------------
-
-SLOTS = st.dictionaries(
-    st.tuples(st.integers(min_value=T0 // 3600, max_value=(T0 + 12 * DAY) // 3600), CLUSTERS, GPU_TYPES),
-    st.integers(min_value=-50, max_value=500),
-    max_size=30,
-)
-
-
-@PROPERTY
-@given(allocations=allocations_strategy(), first=SLOTS, second=SLOTS)
-def test_cached_rows_give_the_live_balance_and_change_only_with_their_key(
-    allocations: list[Allocation], first: dict[Slot, int], second: dict[Slot, int]
-) -> None:
-    cache = ChargeRowsCache()
-    held = {a.allocation_id: 7 for a in allocations[:1]}
-    now = T0 + DAY
-
-    def live(slots: dict[Slot, int]) -> ProjectBalance:
-        return live_balance("proj", now, allocations, slots, held)
-
-    assert cache.balance("proj", 1, now, allocations, first, held) == live(first)
-    # Same key: the rows of the first usage, whatever is passed (the key is the caller's promise).
-    assert cache.balance("proj", 1, now, allocations, second, held) == live(first)
-    assert cache.balance("proj", 2, now, allocations, second, held) == live(second)
-    # Holds are never cached: they change with every decision.
-    assert cache.balance("proj", 2, now, allocations, second, {}) == live_balance(
-        "proj", now, allocations, second, {}
-    )
-
+# -- the admission service's kept sums ---------------------------------------------------------
 
 CHANGES = st.lists(
     st.tuples(
