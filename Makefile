@@ -5,11 +5,11 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install jars demo up down test test-unit lint format bench schemas screenshots system-packages clean slurm-demo
+.PHONY: help install vendor-echarts jars demo up down test test-unit lint format bench schemas screenshots system-packages clean slurm-demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
-	@echo "  (install also runs npm ci in web/: the pages' ECharts; the browser tests use the system chromium)"
+	@echo "  (the pages' ECharts is vendored in the package; the browser tests use the system chromium)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,12 +17,18 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
-# The pages' JavaScript (ECharts, pinned in web/package-lock.json), served by the API under /ui.
-web/node_modules/.installed: web/package-lock.json
-	npm ci --prefix web --no-audit --no-fund
-	touch $@
+install: $(VENV)/.installed ## create the virtualenv with the project (editable) and its dev tools
 
-install: $(VENV)/.installed web/node_modules/.installed ## create the virtualenv with the project and its dev tools, and web/node_modules
+# The pages' ECharts, vendored in the package with its licences (services/web/assets.py pins the version).
+ECHARTS_VERSION := $(shell sed -n 's/^ECHARTS_VERSION = "\(.*\)".*/\1/p' services/web/assets.py)
+vendor-echarts: ## refresh services/web/static/vendor from the npm registry (ECHARTS_VERSION in services/web/assets.py)
+	tmp=$$(mktemp -d) && cd $$tmp && npm pack -s echarts@$(ECHARTS_VERSION) zrender@$(ECHARTS_VERSION) tslib@2.3.0 >/dev/null \
+	  && for t in *.tgz; do mkdir -p $${t%.tgz} && tar -xzf $$t -C $${t%.tgz}; done && cd - >/dev/null \
+	  && cp $$tmp/echarts-*/package/dist/echarts.min.js services/web/static/vendor/ \
+	  && cp $$tmp/echarts-*/package/LICENSE services/web/static/vendor/echarts.LICENSE \
+	  && cp $$tmp/echarts-*/package/NOTICE services/web/static/vendor/echarts.NOTICE \
+	  && cp $$tmp/zrender-*/package/LICENSE services/web/static/vendor/zrender.LICENSE \
+	  && cp $$tmp/tslib-*/package/LICENSE.txt services/web/static/vendor/tslib.LICENSE && rm -rf $$tmp
 
 infra/kafka/lib/.fetched: infra/kafka/pom.xml
 	mvn -q -B -f infra/kafka/pom.xml package
@@ -43,7 +49,7 @@ test: install jars system-packages ## run all tests (starts its own Kafka and Sl
 	$(BIN)/pytest --cov --cov-report=term:skip-covered
 
 slurm-demo: install jars system-packages ## Slurm on localhost with the plugin, hooks and agent; a mixed workload against the platform (KEEP=1: leave it running)
-	$(PY) -m integrations.slurm.demo $(if $(KEEP),--keep)
+	$(PY) -m allmende.integrations.slurm.demo $(if $(KEEP),--keep)
 
 system-packages: ## Debian's chromium (browser tests) and Slurm 22.05 with munge, MariaDB, Lua (tests/slurm); as root
 	@if [ "$$(id -u)" != 0 ]; then echo "not root: install chromium and infra/slurm/install.sh's packages yourself"; \
@@ -53,17 +59,18 @@ system-packages: ## Debian's chromium (browser tests) and Slurm 22.05 with munge
 test-unit: install ## only the pure-domain tests
 	$(BIN)/pytest tests/unit
 
-lint: install ## ruff and mypy
+lint: install ## ruff (bare imports banned), mypy --strict on the package, import-linter's layers
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 schemas: install ## regenerate the JSON Schema files from the event models
-	$(PY) -m schemas.export
+	$(PY) -m allmende.schemas.export
 
 bench: install jars ## benchmarks: end-to-end ingest (local broker), fair-share recompute, dashboard reads
 	$(PY) bench/ingest.py
@@ -74,4 +81,4 @@ screenshots: install jars ## docs/screenshot-*.png: the dashboard pages on a rep
 	$(PY) docs/screenshots.py
 
 clean: down
-	rm -rf .allmende .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov
+	rm -rf .allmende .pytest_cache .mypy_cache .ruff_cache .coverage htmlcov build dist

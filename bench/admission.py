@@ -2,7 +2,7 @@
 
 Two servers run as subprocesses pinned to the same core (with all their threads):
 
-  admission  the real API (`python -m allmende.cli serve`) with a fresh topic prefix and chDB
+  admission  the real API (`python -m allmende.cli.main serve`) with a fresh topic prefix and chDB
              directory, and a plan of one cluster with 1,000,000 GPUs and budgets no run can use
              up: every request is decided (admitted), and its decision and hold are acknowledged
              by Kafka (acks=all) before the answer, as in production
@@ -66,8 +66,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allmende.kafka_local import free_port  # noqa: E402
-from services.api.routes_admission import AdmissionRequest  # noqa: E402
+from allmende.core.kafka_local import free_port  # noqa: E402
+from allmende.services.api.routes_admission import AdmissionRequest  # noqa: E402
 
 ADMIN_TOKEN = "bench-admin-secret"
 SCHEDULER_TOKEN = "bench-sched-secret"
@@ -186,7 +186,7 @@ def kafka(bootstrap: str, tmp: Path) -> Iterator[str]:
     if broker_answers(bootstrap):
         yield bootstrap
         return
-    from allmende.kafka_local import LocalBroker
+    from allmende.core.kafka_local import LocalBroker
 
     print(f"no broker at {bootstrap}: starting a local one")
     broker = LocalBroker(tmp / "kafka", port=free_port(), controller_port=free_port())
@@ -473,7 +473,7 @@ async def broker_round_trips(bootstrap: str, topic: str, rate: float, seconds: f
     this process while the servers idle. Latency counts from the scheduled start."""
     from aiokafka import AIOKafkaProducer
 
-    from services.group_commit import GroupCommit
+    from allmende.services.group_commit import GroupCommit
 
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, max_batch_size=1024 * 1024
@@ -713,7 +713,7 @@ def main() -> None:
                 "ALLMENDE_ADMISSION_START_DEADLINE_S": str(args.start_deadline),
             }
             api_log, trivial_log = tmp / "api.log", tmp / "trivial.log"
-            api_argv = [sys.executable, "-m", "allmende.cli", "serve", "--port", str(api_port)]
+            api_argv = [sys.executable, "-m", "allmende.cli.main", "serve", "--port", str(api_port)]
             api = stack.enter_context(server(api_argv, env, server_core, api_log))
             trivial_argv = [
                 sys.executable,

@@ -40,15 +40,15 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allmende.clickhouse import Database  # noqa: E402
-from allmende.kafka_topics import ensure_topics  # noqa: E402
-from allmende.settings import Settings  # noqa: E402
-from domain.metering import JobMeter  # noqa: E402
-from domain.postings import newest_per_entry  # noqa: E402
-from domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders  # noqa: E402
-from schemas.ledger import encode_entries  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from tests.integration.budget_harness import (  # noqa: E402
+from allmende.core.clickhouse import Database  # noqa: E402
+from allmende.core.kafka_topics import ensure_topics  # noqa: E402
+from allmende.core.settings import Settings  # noqa: E402
+from allmende.domain.metering import JobMeter  # noqa: E402
+from allmende.domain.postings import newest_per_entry  # noqa: E402
+from allmende.domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders  # noqa: E402
+from allmende.schemas.ledger import encode_entries  # noqa: E402
+from allmende.services.api.app import create_app  # noqa: E402
+from allmende.testing.budget_harness import (  # noqa: E402
     ADMIN,
     SCHEDULER,
     FakeClock,
@@ -307,7 +307,7 @@ def main() -> None:
     add("--idle-share", type=float, default=0.05, help="share of jobs replayed as idle placeholders")
     args = parser.parse_args()
 
-    from allmende.kafka_local import broker_for_run
+    from allmende.core.kafka_local import broker_for_run
 
     trace = read_trace(TRACE, TraceFormat.ELASTICFLOW)
     args.all_jobs = list(with_idle_placeholders(trace, args.idle_share, seed=1))

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from domain.fairshare import (  # noqa: E402
+from allmende.domain.fairshare import (  # noqa: E402
     DEFAULT_HALF_LIFE,
     PARENT,
     Algorithm,
@@ -38,7 +38,7 @@ from domain.fairshare import (  # noqa: E402
     classic_fairshare,
     fair_tree_fairshare,
 )
-from domain.fairshare_usage import decayed_usage  # noqa: E402
+from allmende.domain.fairshare_usage import decayed_usage  # noqa: E402
 
 FULL_TARGET_MS = 50.0
 INCREMENTAL_TARGET_MS = 1.0

@@ -18,14 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streams.worker import loop_policy, select_loop, tune_gc  # imports no faust
+from allmende.streams.meter_worker import loop_policy, select_loop, tune_gc  # imports no faust
 
 bootstrap, topic, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
 select_loop(sys.argv[4] if len(sys.argv) > 4 else "uvloop")
 
 import faust  # noqa: E402
 
-from streams.app import BATCH_MAX, BATCH_WITHIN_S, stream_settings  # noqa: E402
+from allmende.streams.meter import BATCH_MAX, BATCH_WITHIN_S, stream_settings  # noqa: E402
 
 app = faust.App(
     f"ceiling-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}", store="memory://",

@@ -31,14 +31,14 @@ from kafka import KafkaConsumer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allmende.clickhouse import Database  # noqa: E402
-from allmende.kafka_topics import ensure_topics  # noqa: E402
-from allmende.replay import make_producer, publish, timeline  # noqa: E402
-from allmende.settings import Settings  # noqa: E402
-from domain.traces import TraceFormat, read_trace  # noqa: E402
-from services.ledger_store import LedgerStore  # noqa: E402
-from services.ledger_writer import LedgerWriter  # noqa: E402
-from tests.integration.harness import MeterWorker, wait_until  # noqa: E402
+from allmende.core.clickhouse import Database  # noqa: E402
+from allmende.core.kafka_topics import ensure_topics  # noqa: E402
+from allmende.core.ledger_store import LedgerStore  # noqa: E402
+from allmende.core.replay import make_producer, publish, timeline  # noqa: E402
+from allmende.core.settings import Settings  # noqa: E402
+from allmende.domain.traces import TraceFormat, read_trace  # noqa: E402
+from allmende.streams.ledger_writer import LedgerWriter  # noqa: E402
+from allmende.testing.harness import MeterWorker, wait_until  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
 
@@ -124,7 +124,7 @@ def main() -> None:
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
-        from allmende.kafka_local import LocalBroker, free_port
+        from allmende.core.kafka_local import LocalBroker, free_port
 
         broker = LocalBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-")), free_port(), free_port())
         bootstrap = broker.start()

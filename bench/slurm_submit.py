@@ -55,11 +55,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allmende.kafka_local import broker_for_run  # noqa: E402
-from allmende.settings import Settings  # noqa: E402
-from services.api.app import create_app  # noqa: E402
-from tests.integration.budget_harness import ADMIN, ok, plan_text, serving, with_tokens  # noqa: E402
-from tests.slurm.slurm_harness import (  # noqa: E402
+from allmende.core.kafka_local import broker_for_run  # noqa: E402
+from allmende.core.settings import Settings  # noqa: E402
+from allmende.services.api.app import create_app  # noqa: E402
+from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens  # noqa: E402
+from allmende.testing.slurm_harness import (  # noqa: E402
     JOB_SUBMIT_LUA,
     PLAN,
     PLATFORM_CLUSTER,

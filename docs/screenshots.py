@@ -47,8 +47,8 @@ def _answers(url: str) -> bool:
 @contextmanager
 def _own_platform() -> Iterator[tuple[str, str, str]]:
     """(url, admin token, project) of a platform started here for the screenshots."""
-    from allmende.kafka_local import broker_for_run
-    from tests.browser.platform_harness import ADMIN_TOKEN, running_platform
+    from allmende.core.kafka_local import broker_for_run
+    from allmende.testing.platform_harness import ADMIN_TOKEN, running_platform
 
     with ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="allmende-screenshots-"))
@@ -115,8 +115,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.api and _answers(args.api.rstrip("/")):
-        from allmende.api_client import token_for
-        from allmende.settings import Settings
+        from allmende.cli.api_client import token_for
+        from allmende.core.settings import Settings
 
         url = args.api.rstrip("/")
         token = args.token or token_for(Settings())

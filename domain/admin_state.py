@@ -12,10 +12,10 @@ import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 
-from domain.allocations import Allocation, rollover_successor
-from domain.charging import ChargePolicy, PolicyInvalid, PolicyTimeline, flat_policy
-from domain.organisation import ROOT, Cluster, Node, TreeInvalid, check_node
-from domain.timeslices import (
+from allmende.domain.allocations import Allocation, rollover_successor
+from allmende.domain.charging import ChargePolicy, PolicyInvalid, PolicyTimeline, flat_policy
+from allmende.domain.organisation import ROOT, Cluster, Node, TreeInvalid, check_node
+from allmende.domain.timeslices import (
     MAX_RANGE,
     Agreement,
     AgreementInvalid,
@@ -23,7 +23,7 @@ from domain.timeslices import (
     WeeklyWindow,
     find_overbooking,
 )
-from schemas.admin_events import (
+from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
     AgreementRevoked,

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from domain.admission_model import (
+from allmende.domain.admission_model import (
     AdmissionSnapshot,
     BudgetLine,
     Decision,
@@ -57,8 +57,8 @@ from domain.admission_model import (
     Verdict,
     Victim,
 )
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND
-from domain.preemption import DEFAULT_FAIRSHARE, VICTIM_CODES, Reach, plan_victims, plural
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND
+from allmende.domain.preemption import DEFAULT_FAIRSHARE, VICTIM_CODES, Reach, plan_victims, plural
 
 UNITS_PER_GPU_HOUR = CHARGE_UNITS_PER_GPU_SECOND * 3600  # 3.6e9 at factor 1.00
 LANES_THAT_HOLD = frozenset({Lane.INTERACTIVE, Lane.TIME_SLICE, Lane.BUDGET})

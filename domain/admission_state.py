@@ -17,10 +17,10 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from domain.admission_model import ClusterLoad, Lane, RunningJob
-from domain.metering import utilization_bp
-from domain.squatting import SquatRule, idle_since
-from schemas.admission_events import (
+from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
+from allmende.domain.metering import utilization_bp
+from allmende.domain.squatting import SquatRule, idle_since
+from allmende.schemas.admission_events import (
     AdmissionDecided,
     AdmissionEvent,
     HoldPlaced,
@@ -28,7 +28,14 @@ from schemas.admission_events import (
     HostRecovered,
     HostUnhealthy,
 )
-from schemas.events import JobEvent, JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample
+from allmende.schemas.events import (
+    JobEvent,
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+)
 
 _STARTED, _PREEMPTED, _FINISHED = 3, 1, 2  # ranks at the same second, as the meter orders them
 

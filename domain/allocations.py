@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field, replace
 
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND
 
 SECONDS_PER_HOUR = 3600
 UNITS_PER_GPU_HOUR = CHARGE_UNITS_PER_GPU_SECOND * SECONDS_PER_HOUR

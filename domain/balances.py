@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from domain.allocations import Allocation
+from allmende.domain.allocations import Allocation
 
 
 @dataclass(frozen=True, slots=True)

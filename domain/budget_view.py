@@ -11,10 +11,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Mapping, Sequence
 
-from domain.admission_model import BudgetLine
-from domain.allocations import Allocation
-from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
-from domain.fairshare_usage import BUCKET_S, Slot, UsageLedger
+from allmende.domain.admission_model import BudgetLine
+from allmende.domain.allocations import Allocation
+from allmende.domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
+from allmende.domain.fairshare_usage import BUCKET_S, Slot, UsageLedger
 
 
 class _SegmentSums:

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from domain.admission import gpu_hours
-from domain.burn_rate import SECONDS_PER_DAY, BurnRate
-from schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised
+from allmende.domain.admission import gpu_hours
+from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate
+from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised
 
 EARLY_EXHAUSTION = "early-exhaustion"
 BUDGET_SHARE = "budget-share:"

@@ -22,11 +22,11 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
-from domain.fairshare import ROOT, ShareNode, ShareTree, decay_factor
-from domain.organisation import Node
-from domain.postings import priced_pieces
-from schemas.ledger import UNATTRIBUTED, LedgerEntry
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
+from allmende.domain.fairshare import ROOT, ShareNode, ShareTree, decay_factor
+from allmende.domain.organisation import Node
+from allmende.domain.postings import priced_pieces
+from allmende.schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
 JOURNAL_MAX = 100_000  # slot changes kept per followed project between two reads

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from schemas.events import (
+from allmende.schemas.events import (
     JobEvent,
     JobFinished,
     JobPreempted,
@@ -40,7 +40,7 @@ from schemas.events import (
     JobSubmitted,
     JobUsageSample,
 )
-from schemas.ledger import UNATTRIBUTED, LedgerEntry, new_entry
+from allmende.schemas.ledger import UNATTRIBUTED, LedgerEntry, new_entry
 
 # Rank breaks ties at the same second: a reading closes the span before it, then the run ends,
 # then a new run may start.

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Literal, TypedDict
 
-from domain.admin_state import AdminState
-from domain.allocations import UNITS_PER_GPU_HOUR, Allocation
-from domain.organisation import Cluster, Node
-from domain.plan_file import AgreementSpec, Plan, to_unix
-from schemas.admin_events import (
+from allmende.domain.admin_state import AdminState
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR, Allocation
+from allmende.domain.organisation import Cluster, Node
+from allmende.domain.plan_file import AgreementSpec, Plan, to_unix
+from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
     AgreementRevoked,

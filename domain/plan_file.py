@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from domain.allocations import UNITS_PER_GPU_HOUR, default_allocation_id, quarter_bounds
-from domain.charging import RATE_SCALE
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR, default_allocation_id, quarter_bounds
+from allmende.domain.charging import RATE_SCALE
 
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
 
@@ -281,7 +281,7 @@ class Plan(_Model):
         if isinstance(self.period, str):
             return self.period
         start, end = self.bounds()
-        from domain.allocations import period_label
+        from allmende.domain.allocations import period_label
 
         return period_label(start, end)
 

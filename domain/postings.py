@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
-from domain.charging import ChargedSpan, PolicyTimeline, flat_policy
-from domain.squatting import FULL_BP
-from schemas.ledger import UNATTRIBUTED, LedgerEntry
+from allmende.domain.charging import ChargedSpan, PolicyTimeline, flat_policy
+from allmende.domain.squatting import FULL_BP
+from allmende.schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 SECONDS_PER_DAY = 86_400
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from enum import IntEnum
 
-from domain.admission_model import AdmissionSnapshot, Lane, RunningJob, Victim
+from allmende.domain.admission_model import AdmissionSnapshot, Lane, RunningJob, Victim
 
 DEFAULT_FAIRSHARE = 0.5  # a project without a factor yet is treated as exactly at its share
 

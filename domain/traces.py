@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
-from schemas.events import (
+from allmende.schemas.events import (
     FinishStatus,
     JobEvent,
     JobFinished,

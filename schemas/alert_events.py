@@ -18,7 +18,7 @@ from typing import Annotated, ClassVar, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.events import Identifier, UnixSeconds, parse_with
+from allmende.schemas.events import Identifier, UnixSeconds, parse_with
 
 Units = Annotated[int, Field(ge=0, le=2**62, strict=True)]
 SignedUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]

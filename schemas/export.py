@@ -1,6 +1,6 @@
 """Write the JSON Schema files under schemas/jsonschema from the pydantic models.
 
-`python -m schemas.export` regenerates them; `--check` exits 1 when the files have drifted.
+`python -m allmende.schemas.export` regenerates them; `--check` exits 1 when the files have drifted.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-from schemas.admin_events import ADMIN_EVENT_TYPES, admin_event_json_schema
-from schemas.admission_events import ADMISSION_EVENT_TYPES, admission_event_json_schema
-from schemas.alert_events import ALERT_EVENT_TYPES, alert_event_json_schema
-from schemas.dead_letter import DeadLetter
-from schemas.events import JOB_EVENT_TYPES, job_event_json_schema
+from allmende.schemas.admin_events import ADMIN_EVENT_TYPES, admin_event_json_schema
+from allmende.schemas.admission_events import ADMISSION_EVENT_TYPES, admission_event_json_schema
+from allmende.schemas.alert_events import ALERT_EVENT_TYPES, alert_event_json_schema
+from allmende.schemas.dead_letter import DeadLetter
+from allmende.schemas.events import JOB_EVENT_TYPES, job_event_json_schema
 
 OUT = Path(__file__).resolve().parent / "jsonschema"
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 import structlog
 
-from domain.admin_state import AdminRejected, AdminState, Conflict
-from domain.allocations import Allocation, next_period, period_label
-from domain.balances import ProjectBalance, project_balance, segments
-from domain.plan import Change, PlanConflict, diff
-from domain.plan_file import PlanInvalid, locate, parse_plan
-from schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
-from services.admin_log import AdminLog
-from services.ledger_store import DayUsage, LedgerStore
-from services.ledger_writer import LedgerWriter
+from allmende.core.ledger_store import DayUsage, LedgerStore
+from allmende.domain.admin_state import AdminRejected, AdminState, Conflict
+from allmende.domain.allocations import Allocation, next_period, period_label
+from allmende.domain.balances import ProjectBalance, project_balance, segments
+from allmende.domain.plan import Change, PlanConflict, diff
+from allmende.domain.plan_file import PlanInvalid, locate, parse_plan
+from allmende.schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
+from allmende.streams.admin_log import AdminLog
+from allmende.streams.ledger_writer import LedgerWriter
 
 log = structlog.get_logger(__name__)
 

@@ -25,16 +25,22 @@ from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
 from prometheus_client import Counter, Histogram
 
-from allmende.kafka_reading import LagWatch, read_to_end, replaying_consumer
-from allmende.settings import Settings
-from domain.admission import decide
-from domain.admission_model import AdmissionSnapshot, InteractiveLimits, JobRequest, RunningJob, Victim
-from domain.admission_state import AdmissionState, JobSeen
-from domain.budget_view import ChargeRowsCache, budget_lines
-from domain.preemption import Reach, plan_victims
-from domain.squatting import SquatRule
-from domain.timeslices import active_at
-from schemas.admission_events import (
+from allmende.core.kafka_reading import LagWatch, read_to_end, replaying_consumer
+from allmende.core.settings import Settings
+from allmende.domain.admission import decide
+from allmende.domain.admission_model import (
+    AdmissionSnapshot,
+    InteractiveLimits,
+    JobRequest,
+    RunningJob,
+    Victim,
+)
+from allmende.domain.admission_state import AdmissionState, JobSeen
+from allmende.domain.budget_view import ChargeRowsCache, budget_lines
+from allmende.domain.preemption import Reach, plan_victims
+from allmende.domain.squatting import SquatRule
+from allmende.domain.timeslices import active_at
+from allmende.schemas.admission_events import (
     AdmissionDecided,
     AdmissionEvent,
     HoldPlaced,
@@ -46,11 +52,11 @@ from schemas.admission_events import (
     encode_admission_event,
     parse_admission_event,
 )
-from schemas.events import ContractError, parse_job_event
-from services.admin_log import AdminLog
-from services.fairshare_calculator import FairShareCalculator
-from services.group_commit import GroupCommit
-from services.pending_records import NotRecorded, PendingRecords
+from allmende.schemas.events import ContractError, parse_job_event
+from allmende.services.group_commit import GroupCommit
+from allmende.services.pending_records import NotRecorded, PendingRecords
+from allmende.streams.admin_log import AdminLog
+from allmende.streams.fairshare_calculator import FairShareCalculator
 
 log = structlog.get_logger(__name__)
 

@@ -48,13 +48,13 @@ import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client import Counter
 
-from allmende.kafka_reading import read_to_end, replaying_consumer
-from allmende.settings import Settings
-from domain.admission import gpu_hours
-from domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
-from schemas.alert_events import AlertEvent, BurnWarningRaised, encode_alert_event, parse_alert_event
-from schemas.events import ContractError
-from services.project_metrics import ProjectMetrics
+from allmende.core.kafka_reading import read_to_end, replaying_consumer
+from allmende.core.settings import Settings
+from allmende.domain.admission import gpu_hours
+from allmende.domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
+from allmende.schemas.alert_events import AlertEvent, BurnWarningRaised, encode_alert_event, parse_alert_event
+from allmende.schemas.events import ContractError
+from allmende.services.project_metrics import ProjectMetrics
 
 log = structlog.get_logger(__name__)
 

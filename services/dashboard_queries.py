@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from allmende.clickhouse import Database
-from domain.squatting import JobTotals, UsagePiece
-from services.ledger_store import LOW_UTILIZATION_CAP_BP
+from allmende.core.clickhouse import Database
+from allmende.core.ledger_store import LOW_UTILIZATION_CAP_BP
+from allmende.domain.squatting import JobTotals, UsagePiece
 
 _DIMENSIONS = {"cluster", "gpu_type", "user", "priority_class"}
 HOUR = 3600

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 from prometheus_client import Gauge
 
-from domain.admission import UNITS_PER_GPU_HOUR
-from domain.burn_alerts import ProjectBurn
-from domain.burn_rate import SECONDS_PER_DAY
-from domain.squatting import IDLE_UNITS_PER_GPU_SECOND
+from allmende.domain.admission import UNITS_PER_GPU_HOUR
+from allmende.domain.burn_alerts import ProjectBurn
+from allmende.domain.burn_rate import SECONDS_PER_DAY
+from allmende.domain.squatting import IDLE_UNITS_PER_GPU_SECOND
 
 LABELS = ("project", "period")
 IDLE_UNITS_PER_GPU_HOUR = IDLE_UNITS_PER_GPU_SECOND * 3600

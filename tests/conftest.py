@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from allmende.settings import Settings
-from tests.tagged_settings import tagged_settings
+from allmende.core.settings import Settings
+from allmende.testing.tagged_settings import tagged_settings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 TRACES = SHARED / "data" / "traces"
@@ -43,7 +43,7 @@ def kafka_bootstrap() -> Iterator[str]:
         with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from allmende.kafka_local import LocalBroker, free_port
+    from allmende.core.kafka_local import LocalBroker, free_port
 
     home = Path(tempfile.mkdtemp(prefix="allmende-kafka-"))
     broker = LocalBroker(home, port=free_port(), controller_port=free_port())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.export import OUT, rendered
+from allmende.schemas.export import OUT, rendered
 
 
 def test_checked_in_json_schemas_match_the_event_models() -> None:
@@ -25,15 +25,15 @@ def test_the_job_event_schema_names_every_event_type() -> None:
 def test_the_admin_event_schema_names_every_admin_event_type() -> None:
     import json
 
-    from schemas.admin_events import ADMIN_EVENT_TYPES
+    from allmende.schemas.admin_events import ADMIN_EVENT_TYPES
 
     schema = json.loads(rendered()["admin-event.schema.json"])
     assert set(schema["discriminator"]["mapping"]) == {m.__name__ for m in ADMIN_EVENT_TYPES}
 
 
 def test_every_event_type_names_its_key_on_the_topic() -> None:
-    from schemas.admin_events import ADMIN_EVENT_TYPES
-    from schemas.admission_events import ADMISSION_EVENT_TYPES
+    from allmende.schemas.admin_events import ADMIN_EVENT_TYPES
+    from allmende.schemas.admission_events import ADMISSION_EVENT_TYPES
 
     for model in (*ADMIN_EVENT_TYPES, *ADMISSION_EVENT_TYPES):
         template = vars(model).get("KEY")

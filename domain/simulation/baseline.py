@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from domain.admission_model import JobRequest
-from domain.preemption import CLASS_ORDER
-from domain.simulation.interfaces import SimView
-from domain.simulation.model import Outcome, Queue, Reject, Start, Stop
-from schemas.events import PriorityClass
+from allmende.domain.admission_model import JobRequest
+from allmende.domain.preemption import CLASS_ORDER
+from allmende.domain.simulation.interfaces import SimView
+from allmende.domain.simulation.model import Outcome, Queue, Reject, Start, Stop
+from allmende.schemas.events import PriorityClass
 
 HOUR_S = 3600
 # Plain strings: RunningJob and JobRequest carry classes as str, and enum lookups in the hot

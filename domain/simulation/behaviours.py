@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from domain.simulation.model import TOP_CLASS, HostFailure, SimJob
-from domain.traces import TraceJob, seeded_unit
-from schemas.events import PriorityClass
+from allmende.domain.simulation.model import TOP_CLASS, HostFailure, SimJob
+from allmende.domain.traces import TraceJob, seeded_unit
+from allmende.schemas.events import PriorityClass
 
 DAY_S = 86_400
 

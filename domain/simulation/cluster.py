@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from domain.admission_model import RunningJob
-from domain.simulation.model import SimulationError
+from allmende.domain.admission_model import RunningJob
+from allmende.domain.simulation.model import SimulationError
 
 GPUS_PER_HOST = 8
 

@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from domain.admission_model import JobRequest, RunningJob
-from domain.simulation import lifecycle
-from domain.simulation.cluster import GPUS_PER_HOST, Cluster
-from domain.simulation.interfaces import Policy, SimView, Sink
-from domain.simulation.model import (
+from allmende.domain.admission_model import JobRequest, RunningJob
+from allmende.domain.simulation import lifecycle
+from allmende.domain.simulation.cluster import GPUS_PER_HOST, Cluster
+from allmende.domain.simulation.interfaces import Policy, SimView, Sink
+from allmende.domain.simulation.model import (
     ClusterSize,
     HostFailure,
     JobOutcome,
@@ -38,7 +38,7 @@ from domain.simulation.model import (
     Start,
     Stop,
 )
-from domain.simulation.waiting import Entry, WaitingQueue
+from allmende.domain.simulation.waiting import Entry, WaitingQueue
 
 
 @dataclass(frozen=True)

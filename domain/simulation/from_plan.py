@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from domain.plan_file import Plan
-from domain.simulation.model import ClusterSize
+from allmende.domain.plan_file import Plan
+from allmende.domain.simulation.model import ClusterSize
 
 
 def clusters_from_plan(plan: Plan) -> tuple[ClusterSize, ...]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
-from domain.admission_model import JobRequest, RunningJob
-from domain.simulation.cluster import Cluster
-from domain.simulation.model import Outcome, Stop
-from schemas.events import JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample
+from allmende.domain.admission_model import JobRequest, RunningJob
+from allmende.domain.simulation.cluster import Cluster
+from allmende.domain.simulation.model import Outcome, Stop
+from allmende.schemas.events import JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample
 
 SimEvent = JobSubmitted | JobStarted | JobUsageSample | JobPreempted | JobFinished
 

@@ -7,8 +7,15 @@ meter and ledger treat a redelivery as a duplicate, never as new usage.
 
 from __future__ import annotations
 
-from domain.simulation.model import SimJob
-from schemas.events import FinishStatus, JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample
+from allmende.domain.simulation.model import SimJob
+from allmende.schemas.events import (
+    FinishStatus,
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+)
 
 PRODUCER = "allmende-sim"
 MAX_REASON_CHARS = 500  # the contract's limit on a preemption reason

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from domain.admission_model import JobRequest, Lane
-from schemas.events import FinishStatus, PriorityClass
+from allmende.domain.admission_model import JobRequest, Lane
+from allmende.schemas.events import FinishStatus, PriorityClass
 
 TOP_CLASS = PriorityClass.NON_PREEMPTIBLE
 

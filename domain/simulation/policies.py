@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from domain.plan_file import Plan
-from domain.simulation.baseline import HOUR_S, BaselineConfig, BaselinePolicy, protected_by_shares
-from domain.simulation.engine import EngineConfig
-from domain.simulation.from_plan import clusters_from_plan, project_shares
-from domain.simulation.interfaces import Policy
+from allmende.domain.plan_file import Plan
+from allmende.domain.simulation.baseline import HOUR_S, BaselineConfig, BaselinePolicy, protected_by_shares
+from allmende.domain.simulation.engine import EngineConfig
+from allmende.domain.simulation.from_plan import clusters_from_plan, project_shares
+from allmende.domain.simulation.interfaces import Policy
 
 
 @dataclass(frozen=True)

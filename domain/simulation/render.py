@@ -1,20 +1,13 @@
-"""Reports as rows of text, and as terminal tables (one run, or two side by side).
+"""Reports as rows of text: one run, or two side by side (pure, easy to test).
 
-Rows come first (`report_rows`, `compare_reports`: pure, easy to test); the tables only lay them
-out with rich, at a fixed width so the text is the same on every terminal.
+The terminal tables that lay them out are the CLI's (`allmende.cli.simulation_tables`).
 """
 
 from __future__ import annotations
 
-import io
-
-from rich.console import Console
-from rich.table import Table
-
-from domain.simulation.report import DelayStats, SimulationReport
+from allmende.domain.simulation.report import DelayStats, SimulationReport
 
 MISSING = "-"
-TABLE_WIDTH = 120
 
 
 def gpu_hours(gpu_seconds: int) -> str:
@@ -72,29 +65,3 @@ def compare_reports(a: SimulationReport, b: SimulationReport) -> list[tuple[str,
     names = [name for name, _ in report_rows(a)]
     names += [name for name, _ in report_rows(b) if name not in left]
     return [(name, left.get(name, MISSING), right.get(name, MISSING)) for name in names]
-
-
-def _render(table: Table) -> str:
-    buffer = io.StringIO()
-    Console(file=buffer, width=TABLE_WIDTH, color_system=None, force_terminal=False).print(table)
-    return buffer.getvalue()
-
-
-def render_report(report: SimulationReport) -> str:
-    table = Table(title=f"simulation {report.run_id}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in report_rows(report):
-        table.add_row(name, value)
-    return _render(table)
-
-
-def render_comparison(a: SimulationReport, b: SimulationReport, labels: tuple[str, str] | None = None) -> str:
-    left, right = labels or (f"{a.policy} ({a.run_id})", f"{b.policy} ({b.run_id})")
-    table = Table(title="simulations side by side")
-    table.add_column("metric")
-    table.add_column(left, justify="right")
-    table.add_column(right, justify="right")
-    for row in compare_reports(a, b):
-        table.add_row(*row)
-    return _render(table)

@@ -22,7 +22,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from domain.simulation.model import TOP_CLASS, JobOutcome, JobRecord, RunEnd, RunRecord, SimulationResult
+from allmende.domain.simulation.model import (
+    TOP_CLASS,
+    JobOutcome,
+    JobRecord,
+    RunEnd,
+    RunRecord,
+    SimulationResult,
+)
 
 PERCENTILES = (50, 90, 99)
 BASIS_POINTS = 10_000

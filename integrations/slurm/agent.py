@@ -1,6 +1,6 @@
 """The Slurm agent: makes the scheduler follow the platform, every `agent_interval_s` seconds.
 
-    python -m integrations.slurm.agent [--config FILE] [--interval S] [--once] [--dry-run]
+    python -m allmende.integrations.slurm.agent [--config FILE] [--interval S] [--once] [--dry-run]
     allmende slurm agent ...                                  # the same
 
 1. Nodes (`sinfo -N`): a node that Slurm has drained or set down *with a reason* (drained,
@@ -54,10 +54,10 @@ from typing import Any
 
 import httpx
 
-from domain.preemption import queue_rank, stop_action
-from integrations.slurm.config import ConfigError, SlurmConfig, load_config
-from integrations.slurm.log import LineLog
-from integrations.slurm.scontrol import SlurmJob, fields, parse_job
+from allmende.domain.preemption import queue_rank, stop_action
+from allmende.integrations.slurm.config import ConfigError, SlurmConfig, load_config
+from allmende.integrations.slurm.log import LineLog
+from allmende.integrations.slurm.scontrol import SlurmJob, fields, parse_job
 
 UNHEALTHY_STATES = frozenset({"drained", "draining", "drain", "down", "fail", "failing"})
 NO_REASON = frozenset({"", "none", "(null)", "n/a"})
@@ -665,7 +665,7 @@ def _detail(answer: httpx.Response) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m integrations.slurm.agent", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m allmende.integrations.slurm.agent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--config", help="the JSON config (default: $ALLMENDE_SLURM_CONFIG, ...)")
     parser.add_argument("--interval", type=float, help="seconds between passes (default: agent_interval_s)")

@@ -90,7 +90,7 @@ class SlurmConfig:
         return self.priority_classes.get(qos or self.default_qos, self.default_priority_class)
 
     def job_events_topic(self) -> str:
-        from allmende.settings import Settings  # the platform's topic naming
+        from allmende.core.settings import Settings  # the platform's topic naming
 
         return Settings(topic_prefix=self.topic_prefix).job_events_topic
 

@@ -1,7 +1,7 @@
 """`make slurm-demo`: a real Slurm on localhost uses the platform, and shows what it did.
 
-    python -m integrations.slurm.demo [--keep] [--state DIR]    # `make slurm-demo`
-    python -m integrations.slurm.demo --stop [--state DIR]      # stop what --keep left running
+    python -m allmende.integrations.slurm.demo [--keep] [--state DIR]    # `make slurm-demo`
+    python -m allmende.integrations.slurm.demo --stop [--state DIR]      # stop what --keep left running
 
 It starts, in `.allmende/slurm-demo` and on free ports:
 
@@ -45,8 +45,8 @@ from fastapi import HTTPException, Request
 from rich.console import Console
 from rich.table import Table
 
-from allmende.procs import wait_until
-from integrations.slurm.local import (
+from allmende.core.procs import wait_until
+from allmende.integrations.slurm.local import (
     ROOT,
     SLURMCTLD,
     SlurmCluster,
@@ -228,9 +228,9 @@ def serve_platform() -> None:
     import uvicorn
     from starlette.concurrency import run_in_threadpool
 
-    from allmende.logs import configure_logging
-    from allmende.settings import Settings
-    from services.api.app import create_app
+    from allmende.core.logs import configure_logging
+    from allmende.core.settings import Settings
+    from allmende.services.api.app import create_app
 
     settings = Settings()
     configure_logging(settings)
@@ -298,9 +298,9 @@ class Demo:
         return None
 
     def start(self) -> None:
-        from allmende.kafka_local import LocalBroker, free_port
-        from allmende.kafka_topics import ensure_topics
-        from allmende.settings import Settings
+        from allmende.core.kafka_local import LocalBroker, free_port
+        from allmende.core.kafka_topics import ensure_topics
+        from allmende.core.settings import Settings
 
         paths = self.paths
         # What an earlier `--keep` left: stopped, then a clean slate (job ids from 1, an empty ledger).
@@ -336,8 +336,10 @@ class Demo:
             self.done(f"Kafka at {kafka} [dim]({time.monotonic() - t0:.1f} s)[/dim]")
             status.update("starting the meter worker and the API (and Slurm) ...")
             python = sys.executable
-            _start_detached(paths, "worker", [python, "-m", "allmende.cli", "worker"], penv)
-            _start_detached(paths, "api", [python, "-m", "integrations.slurm.demo", "--serve-platform"], penv)
+            _start_detached(paths, "worker", [python, "-m", "allmende.cli.main", "worker"], penv)
+            _start_detached(
+                paths, "api", [python, "-m", "allmende.integrations.slurm.demo", "--serve-platform"], penv
+            )
             self.url = f"http://127.0.0.1:{api_port}"
             worker_log = paths.run / "worker.log"
 
@@ -380,8 +382,14 @@ class Demo:
             api_url=self.url, kafka_bootstrap_servers=kafka, topic_prefix=TOPIC_PREFIX, agent_interval_s=1
         )
         self.done(f"integration config written: {slurm.config_file}")
-        with self.step("Slurm agent started (python -m integrations.slurm.agent --interval 1)"):
-            agent = [hook_python(), "-m", "integrations.slurm.agent", "--config", str(slurm.config_file)]
+        with self.step("Slurm agent started (python -m allmende.integrations.slurm.agent --interval 1)"):
+            agent = [
+                hook_python(),
+                "-m",
+                "allmende.integrations.slurm.agent",
+                "--config",
+                str(slurm.config_file),
+            ]
             _start_detached(paths, "agent", [*agent, "--interval", "1"], slurm.env)
             wait_until(lambda: "agent started" in self._agent_log(), 30, f"the agent ({slurm.agent_log})")
 
@@ -724,7 +732,7 @@ class Demo:
             self.say("")
             if self.keep:
                 self.say("[bold]--keep[/bold]: the platform and Slurm keep running. Stop them with")
-                self.say("  .venv/bin/python -m integrations.slurm.demo --stop")
+                self.say("  .venv/bin/python -m allmende.integrations.slurm.demo --stop")
             else:
                 with self.console.status("stopping the agent, Slurm, the API, the meter worker, Kafka ..."):
                     stop_all(self.paths, self.done)
@@ -734,7 +742,7 @@ class Demo:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m integrations.slurm.demo",
+        prog="python -m allmende.integrations.slurm.demo",
         description="Start Slurm on localhost with Allmende's plugin, hooks and agent, and the platform "
         "with a plan for this quarter; submit a small mixed workload; show what happened to each job.",
     )
@@ -747,8 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_platform:
         serve_platform()
         return 0
-    from allmende.logs import configure_logging
-    from allmende.settings import Settings
+    from allmende.core.logs import configure_logging
+    from allmende.core.settings import Settings
 
     configure_logging(Settings(log_level="WARNING", log_json=False))  # the broker's and topics' info lines
     console = Console(width=None if sys.stdout.isatty() else 160)

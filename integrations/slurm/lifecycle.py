@@ -1,7 +1,7 @@
 """PrologSlurmctld / EpilogSlurmctld: a Slurm job's lifecycle as Allmende job events.
 
-    python -m integrations.slurm.lifecycle prolog|epilog   # run by hooks/allmende_slurmctld.sh
-    python -m integrations.slurm.lifecycle flush           # send what the spool still holds
+    python -m allmende.integrations.slurm.lifecycle prolog|epilog   # run by hooks/allmende_slurmctld.sh
+    python -m allmende.integrations.slurm.lifecycle flush           # send what the spool still holds
 
 Prolog (the job got its nodes): `JobSubmitted` (attribution: project, user, cluster, GPU type,
 GPUs, priority class, interactive, time limit) and `JobStarted` (GPUs, hosts) at Slurm's
@@ -39,11 +39,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from integrations.slurm.config import ConfigError, SlurmConfig, load_config
-from integrations.slurm.log import LineLog
-from integrations.slurm.scontrol import REQUEUED_STATES, SlurmJob, accounted_end, hostnames, show_job
-from integrations.slurm.spool import Spool
-from schemas.events import (
+from allmende.integrations.slurm.config import ConfigError, SlurmConfig, load_config
+from allmende.integrations.slurm.log import LineLog
+from allmende.integrations.slurm.scontrol import REQUEUED_STATES, SlurmJob, accounted_end, hostnames, show_job
+from allmende.integrations.slurm.spool import Spool
+from allmende.schemas.events import (
     FinishStatus,
     JobFinished,
     JobPreempted,
@@ -279,7 +279,9 @@ def flush(cfg: SlurmConfig, log: LineLog) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m integrations.slurm.lifecycle", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m allmende.integrations.slurm.lifecycle", description=__doc__
+    )
     parser.add_argument("kind", choices=["prolog", "epilog", "flush"])
     parser.add_argument("--config", help="the JSON config (default: $ALLMENDE_SLURM_CONFIG, ...)")
     args = parser.parse_args(argv)

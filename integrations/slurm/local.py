@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allmende.kafka_local import free_port
-from allmende.procs import wait_until
+from allmende.core.kafka_local import free_port
+from allmende.core.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURMCTLD = Path("/usr/sbin/slurmctld")

@@ -3,7 +3,7 @@
 Every event is written here first (a temporary file, fsync, atomic rename, fsync of the directory),
 then sent; a file is removed only once the broker has acknowledged its event (acks=all). What
 could not be sent (Kafka away) stays and goes out with the next flush: the next hook invocation
-flushes first, and `python -m integrations.slurm.lifecycle flush` (or `allmende slurm flush`)
+flushes first, and `python -m allmende.integrations.slurm.lifecycle flush` (or `allmende slurm flush`)
 does it by hand or from a timer. Event ids are deterministic, so an event sent twice (a crash
 between the acknowledgement and the removal) is one event to the platform.
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from fastapi import HTTPException
 
-from domain.admin_state import AdminState
-from services.api.auth import Principal
+from allmende.domain.admin_state import AdminState
+from allmende.services.api.auth import Principal
 
 
 def may_read(state: AdminState, principal: Principal, project: str) -> bool:

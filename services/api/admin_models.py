@@ -11,12 +11,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from domain.allocations import UNITS_PER_GPU_HOUR
-from domain.balances import AllocationBalance, ProjectBalance
-from domain.plan import Change
-from domain.plan_file import Rate, exact_int
-from schemas.admin_events import AdminEvent, WindowSpec
-from schemas.events import Identifier
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR
+from allmende.domain.balances import AllocationBalance, ProjectBalance
+from allmende.domain.plan import Change
+from allmende.domain.plan_file import Rate, exact_int
+from allmende.schemas.admin_events import AdminEvent, WindowSpec
+from allmende.schemas.events import Identifier
 
 GpuHours = Annotated[Decimal, Field(ge=0, le=10**9, decimal_places=9)]
 Reason = Annotated[str, Field(max_length=1000)]

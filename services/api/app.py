@@ -19,31 +19,31 @@ from prometheus_client import make_asgi_app
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from allmende import __version__
-from allmende.clickhouse import Database
-from allmende.gc_pauses import freeze_long_lived
-from allmende.kafka_topics import ensure_topics
-from allmende.logs import configure_logging
-from allmende.settings import Settings
-from domain.squatting import SquatRule
-from services.admin_log import AdminLog
-from services.admin_service import AdminService
-from services.admission_service import AdmissionService
-from services.api.auth import TokenBook
-from services.api.dashboard_views import DashboardViews
-from services.api.deps import Store, Writer
-from services.api.models import Health
-from services.api.routes_admin import router as admin_router
-from services.api.routes_admission import router as admission_router
-from services.api.routes_balance import router as balance_router
-from services.api.routes_dashboard import router as dashboard_router
-from services.api.routes_fairshare import router as fairshare_router
-from services.api.routes_usage import router as usage_router
-from services.burn_alerts import BurnAlerter
-from services.dashboard_queries import DashboardQueries
-from services.fairshare_calculator import FairShareCalculator
-from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
-from services.web.routes import router as web_router
+from allmende.core.clickhouse import Database
+from allmende.core.gc_pauses import freeze_long_lived
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.logs import configure_logging
+from allmende.core.settings import Settings
+from allmende.domain.squatting import SquatRule
+from allmende.services.admin_service import AdminService
+from allmende.services.admission_service import AdmissionService
+from allmende.services.api.auth import TokenBook
+from allmende.services.api.dashboard_views import DashboardViews
+from allmende.services.api.deps import Store, Writer
+from allmende.services.api.models import Health
+from allmende.services.api.routes_admin import router as admin_router
+from allmende.services.api.routes_admission import router as admission_router
+from allmende.services.api.routes_balance import router as balance_router
+from allmende.services.api.routes_dashboard import router as dashboard_router
+from allmende.services.api.routes_fairshare import router as fairshare_router
+from allmende.services.api.routes_usage import router as usage_router
+from allmende.services.burn_alerts import BurnAlerter
+from allmende.services.dashboard_queries import DashboardQueries
+from allmende.services.web.routes import router as web_router
+from allmende.streams.admin_log import AdminLog
+from allmende.streams.fairshare_calculator import FairShareCalculator
+from allmende.streams.ledger_writer import LedgerWriter
 
 log = structlog.get_logger(__name__)
 

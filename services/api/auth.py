@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from allmende.settings import Settings
+from allmende.core.settings import Settings
 
 Role = Literal["admin", "lead", "scheduler"]
 _bearer = HTTPBearer(auto_error=False, description="an admin, project-lead or scheduler token")

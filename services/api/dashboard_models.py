@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from domain.squatting import IDLE_UNITS_PER_GPU_SECOND
-from services.api.admin_models import units_to_hours
-from services.api.models import SECONDS_PER_HOUR, gpu_hours
+from allmende.domain.squatting import IDLE_UNITS_PER_GPU_SECOND
+from allmende.services.api.admin_models import units_to_hours
+from allmende.services.api.models import SECONDS_PER_HOUR, gpu_hours
 
 __all__ = ["gpu_hours", "units_to_hours"]
 

@@ -16,23 +16,23 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException
 
-from domain.admin_state import AdminState, agreement_of
-from domain.balances import ProjectBalance
-from domain.burn_alerts import ProjectBurn
-from domain.burn_rate import SECONDS_PER_DAY, BurnRate, DayCharge, Forecast, burn_rate
-from domain.squatting import SquatRule, find_squatting
-from domain.timeslices import occurrences
-from services.admin_service import AdminService
-from services.api import dashboard_models as m
-from services.api.access import readable_projects
-from services.api.auth import Principal
-from services.api.dashboard_models import gpu_hours, idle_hours, instant, percent, units_to_hours
-from services.dashboard_queries import DashboardQueries
-from services.ledger_store import DayUsage
+from allmende.core.ledger_store import DayUsage
+from allmende.domain.admin_state import AdminState, agreement_of
+from allmende.domain.balances import ProjectBalance
+from allmende.domain.burn_alerts import ProjectBurn
+from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate, DayCharge, Forecast, burn_rate
+from allmende.domain.squatting import SquatRule, find_squatting
+from allmende.domain.timeslices import occurrences
+from allmende.services.admin_service import AdminService
+from allmende.services.api import dashboard_models as m
+from allmende.services.api.access import readable_projects
+from allmende.services.api.auth import Principal
+from allmende.services.api.dashboard_models import gpu_hours, idle_hours, instant, percent, units_to_hours
+from allmende.services.dashboard_queries import DashboardQueries
 
 if TYPE_CHECKING:
-    from services.admission_service import AdmissionService
-    from services.fairshare_calculator import FairShareCalculator
+    from allmende.services.admission_service import AdmissionService
+    from allmende.streams.fairshare_calculator import FairShareCalculator
 
 MAX_WINDOWS = 2_000  # time-slice windows listed per page: a bound on every query
 

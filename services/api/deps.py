@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from services.admin_service import AdminService
-from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
+from allmende.core.ledger_store import LedgerStore
+from allmende.services.admin_service import AdminService
+from allmende.streams.ledger_writer import LedgerWriter
 
 
 async def _store(request: Request) -> LedgerStore:

@@ -13,11 +13,11 @@ from typing import Annotated, TypedDict
 from fastapi import APIRouter, Header, HTTPException, Path
 from fastapi.concurrency import run_in_threadpool
 
-from domain.admin_state import AdminRejected, Overbooked
-from domain.allocations import default_allocation_id, period_label, quarter_bounds
-from domain.plan import PlanConflict
-from domain.plan_file import PlanInvalid, rates_in_hundredths
-from schemas.admin_events import (
+from allmende.domain.admin_state import AdminRejected, Overbooked
+from allmende.domain.allocations import default_allocation_id, period_label, quarter_bounds
+from allmende.domain.plan import PlanConflict
+from allmende.domain.plan_file import PlanInvalid, rates_in_hundredths
+from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
     AgreementRevoked,
@@ -28,8 +28,8 @@ from schemas.admin_events import (
     NodeDeclared,
     PolicyChanged,
 )
-from services.admin_service import AdminService, Outcome
-from services.api.admin_models import (
+from allmende.services.admin_service import AdminService, Outcome
+from allmende.services.api.admin_models import (
     AdjustRequest,
     AgreementRequest,
     ChangeOut,
@@ -49,8 +49,8 @@ from services.api.admin_models import (
     TransferRequest,
     hours_to_units,
 )
-from services.api.auth import Admin, Caller
-from services.api.deps import Admins
+from allmende.services.api.auth import Admin, Caller
+from allmende.services.api.deps import Admins
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 ERRORS: dict[int | str, dict[str, object]] = {

@@ -9,12 +9,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from domain.admission_model import JobRequest
-from schemas.admission_events import AdmissionDecided, ReasonRecord, VictimRecord
-from schemas.events import Identifier
-from services.admission_service import AdmissionNotRecorded, AdmissionRefused, AdmissionService
-from services.api.admin_models import RejectionBody, units_to_hours
-from services.api.auth import Scheduler
+from allmende.domain.admission_model import JobRequest
+from allmende.schemas.admission_events import AdmissionDecided, ReasonRecord, VictimRecord
+from allmende.schemas.events import Identifier
+from allmende.services.admission_service import AdmissionNotRecorded, AdmissionRefused, AdmissionService
+from allmende.services.api.admin_models import RejectionBody, units_to_hours
+from allmende.services.api.auth import Scheduler
 
 router = APIRouter(prefix="/v1", tags=["admission"])
 ERRORS: dict[int | str, dict[str, object]] = {

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 
-from services.api.access import require_project
-from services.api.admin_models import BalanceOut, EventOut, RejectionBody
-from services.api.auth import Reader
-from services.api.deps import Admins
-from services.api.routes_usage import ProjectName
+from allmende.services.api.access import require_project
+from allmende.services.api.admin_models import BalanceOut, EventOut, RejectionBody
+from allmende.services.api.auth import Reader
+from allmende.services.api.deps import Admins
+from allmende.services.api.routes_usage import ProjectName
 
 router = APIRouter(prefix="/v1", tags=["balances"])
 ERRORS: dict[int | str, dict[str, object]] = {code: {"model": RejectionBody} for code in (401, 403, 404, 422)}

@@ -17,14 +17,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from domain.admin_state import AdminState
-from services.api import dashboard_models as m
-from services.api.access import declared_project, readable_projects, require_project
-from services.api.auth import Principal, Reader
-from services.api.dashboard_views import DashboardViews, Period, periods_of
-from services.api.models import ErrorBody
-from services.api.routes_fairshare import visible_nodes
-from services.api.routes_usage import ProjectName
+from allmende.domain.admin_state import AdminState
+from allmende.services.api import dashboard_models as m
+from allmende.services.api.access import declared_project, readable_projects, require_project
+from allmende.services.api.auth import Principal, Reader
+from allmende.services.api.dashboard_views import DashboardViews, Period, periods_of
+from allmende.services.api.models import ErrorBody
+from allmende.services.api.routes_fairshare import visible_nodes
+from allmende.services.api.routes_usage import ProjectName
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboards"])
 ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorBody} for c in (401, 403, 404, 422)}

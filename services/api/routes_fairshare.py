@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from domain.admin_state import AdminState
-from schemas.fairshare import FairShareRecord
-from services.api.access import readable_projects
-from services.api.auth import Caller, Principal
-from services.api.models import ErrorBody
-from services.fairshare_calculator import FairShareCalculator
+from allmende.domain.admin_state import AdminState
+from allmende.schemas.fairshare import FairShareRecord
+from allmende.services.api.access import readable_projects
+from allmende.services.api.auth import Caller, Principal
+from allmende.services.api.models import ErrorBody
+from allmende.streams.fairshare_calculator import FairShareCalculator
 
 router = APIRouter(prefix="/v1", tags=["fair share"])
 

@@ -8,11 +8,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
-from services.admin_service import AdminService
-from services.api.access import readable_projects, require_project
-from services.api.auth import Principal, Reader
-from services.api.deps import Admins, Store
-from services.api.models import ErrorBody, ProjectUsage, UsageDay, gpu_hours
+from allmende.services.admin_service import AdminService
+from allmende.services.api.access import readable_projects, require_project
+from allmende.services.api.auth import Principal, Reader
+from allmende.services.api.deps import Admins, Store
+from allmende.services.api.models import ErrorBody, ProjectUsage, UsageDay, gpu_hours
 
 router = APIRouter(prefix="/v1", tags=["usage"])
 

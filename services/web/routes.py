@@ -2,52 +2,34 @@
 
 The pages are Jinja2 templates with plain JavaScript that reads the JSON routes of
 docs/dashboard-api.md with the session cookie the sign-in form sets (HttpOnly, SameSite=Strict;
-the token never appears in a URL). ECharts comes from the npm package in web/node_modules
-(`make install`), served from here: no CDN.
+the token never appears in a URL). ECharts is vendored in the package (`assets`), served from
+here: no CDN.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response
+import jinja2
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from domain.admin_state import AdminState
-from services.api.access import readable_projects, require_project
-from services.api.auth import SESSION_COOKIE, Principal, TokenBook, principal_of
+from allmende.domain.admin_state import AdminState
+from allmende.services.api.access import readable_projects, require_project
+from allmende.services.api.auth import SESSION_COOKIE, Principal, TokenBook, principal_of
+from allmende.services.web.assets import ECHARTS, STATIC
 
-HERE = Path(__file__).resolve().parent
-STATIC = HERE / "static"
-ECHARTS = HERE.parents[1] / "web" / "node_modules" / "echarts" / "dist" / "echarts.min.js"
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 MAX_FORM_BYTES = 8192
-templates = Jinja2Templates(directory=HERE / "templates")
+templates = Jinja2Templates(
+    env=jinja2.Environment(loader=jinja2.PackageLoader("allmende.services.web", "templates"), autoescape=True)
+)
 
-
-class VendorMissing(RuntimeError):
-    pass
-
-
-def check_vendor(path: Path = ECHARTS) -> None:
-    """The pages draw with ECharts from web/node_modules: refuse to start without it."""
-    if not path.is_file():
-        raise VendorMissing(f"{path} is missing: the dashboard pages need ECharts; run make install")
-
-
-@asynccontextmanager
-async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
-    check_vendor()
-    yield
-
-
-router = APIRouter(prefix="/ui", include_in_schema=False, lifespan=_lifespan)
+router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
 def _admin_state(request: Request) -> AdminState:
@@ -173,13 +155,20 @@ async def project_page(request: Request, project: str) -> Response:
 
 @router.get("/static/vendor/echarts.min.js")
 async def echarts() -> Response:
-    check_vendor()
-    return FileResponse(ECHARTS, media_type=STATIC_TYPES[".js"], headers={"Cache-Control": "max-age=3600"})
+    return Response(
+        _vendored_echarts(), media_type=STATIC_TYPES[".js"], headers={"Cache-Control": "max-age=3600"}
+    )
+
+
+@functools.cache
+def _vendored_echarts() -> bytes:
+    return ECHARTS.read_bytes()
 
 
 @router.get("/static/{name}")
 async def static(name: str) -> Response:
     path = STATIC / name
-    if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES or not path.is_file():
+    suffix = name[name.rfind(".") :] if "." in name else ""
+    if "/" in name or name.startswith(".") or suffix not in STATIC_TYPES or not path.is_file():
         raise HTTPException(404, f"no file {name}")
-    return FileResponse(path, media_type=STATIC_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+    return Response(path.read_bytes(), media_type=STATIC_TYPES[suffix], headers={"Cache-Control": "no-cache"})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Playwright, sync_playwright
 
-from tests.browser.platform_harness import TRACE, Platform, running_platform
+from allmende.testing.platform_harness import TRACE, Platform, running_platform
 
 VIEWPORT = {"width": 1366, "height": 768}
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]

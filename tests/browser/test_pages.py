@@ -14,8 +14,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import BrowserContext
 
+from allmende.testing.platform_harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Platform
 from tests.browser.conftest import Visit, open_page
-from tests.browser.platform_harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Platform
 
 pytestmark = pytest.mark.integration
 SignIn = Callable[[str], BrowserContext]

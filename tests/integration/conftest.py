@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from allmende.clickhouse import Database
-from allmende.kafka_topics import ensure_topics
-from allmende.settings import Settings
-from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
-from tests.integration.harness import Pipeline
+from allmende.core.clickhouse import Database
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.settings import Settings
+from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.harness import Pipeline
 
 pytestmark = pytest.mark.integration
 

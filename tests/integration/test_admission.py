@@ -9,12 +9,17 @@ from typing import Any
 import httpx
 import pytest
 
-from allmende.settings import Settings
-from domain.allocations import UNITS_PER_GPU_HOUR
-from schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased, parse_admission_event
-from schemas.events import JobEvent, JobStarted, JobSubmitted
-from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, live_api, ok, plan_text, running_api
-from tests.integration.harness import MeterWorker, read_topic, send_events, wait_until
+from allmende.core.settings import Settings
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR
+from allmende.schemas.admission_events import (
+    AdmissionDecided,
+    HoldPlaced,
+    HoldReleased,
+    parse_admission_event,
+)
+from allmende.schemas.events import JobEvent, JobStarted, JobSubmitted
+from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, live_api, ok, plan_text, running_api
+from allmende.testing.harness import MeterWorker, read_topic, send_events, wait_until
 from tests.integration.test_budgets import _run
 
 pytestmark = pytest.mark.integration

@@ -36,11 +36,11 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Err
 
-from allmende.settings import Settings
-from schemas.events import JobEvent, JobStarted, JobSubmitted
-from services.api.app import create_app
-from tests.integration.budget_harness import FakeClock, ok, plan_text, set_clock
-from tests.integration.harness import send_events, wait_until
+from allmende.core.settings import Settings
+from allmende.schemas.events import JobEvent, JobStarted, JobSubmitted
+from allmende.services.api.app import create_app
+from allmende.testing.budget_harness import FakeClock, ok, plan_text, set_clock
+from allmende.testing.harness import send_events, wait_until
 from tests.integration.test_admission import PLAN as ADMISSION_PLAN
 
 pytestmark = pytest.mark.integration

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from allmende.cli import app
-from allmende.settings import Settings
-from tests.integration.budget_harness import live_api, plan_text
-from tests.integration.harness import wait_until
+from allmende.cli.main import app
+from allmende.core.settings import Settings
+from allmende.testing.budget_harness import live_api, plan_text
+from allmende.testing.harness import wait_until
 from tests.integration.test_budgets import NOW, QUARTER_PLAN
 
 pytestmark = pytest.mark.integration

@@ -8,15 +8,22 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from allmende.settings import Settings
-from domain.allocations import UNITS_PER_GPU_HOUR
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND
-from domain.metering import JobMeter
-from schemas.admin_events import parse_admin_event
-from schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted, JobUsageSample
-from services.ledger_store import LedgerStore
-from tests.integration.budget_harness import ADMIN, ALICE, BOB, ok, plan_text, running_api
-from tests.integration.harness import MeterWorker, read_topic, send_events, wait_until
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.settings import Settings
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND
+from allmende.domain.metering import JobMeter
+from allmende.schemas.admin_events import parse_admin_event
+from allmende.schemas.events import (
+    FinishStatus,
+    JobEvent,
+    JobFinished,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+)
+from allmende.testing.budget_harness import ADMIN, ALICE, BOB, ok, plan_text, running_api
+from allmende.testing.harness import MeterWorker, read_topic, send_events, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,15 @@ import pytest
 from kafka import TopicPartition
 from prometheus_client import REGISTRY
 
-from allmende.kafka_reading import read_to_end, replaying_consumer
-from allmende.kafka_topics import ensure_topics, topic_specs
-from allmende.settings import Settings
-from domain.burn_alerts import EARLY_EXHAUSTION, ProjectBurn
-from domain.squatting import IDLE_UNITS_PER_GPU_SECOND
-from schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, parse_alert_event
-from services.burn_alerts import BurnAlerter, slack_body
-from tests.integration.budget_harness import ADMIN, ok, plan_text, running_api
-from tests.integration.harness import wait_until
+from allmende.core.kafka_reading import read_to_end, replaying_consumer
+from allmende.core.kafka_topics import ensure_topics, topic_specs
+from allmende.core.settings import Settings
+from allmende.domain.burn_alerts import EARLY_EXHAUSTION, ProjectBurn
+from allmende.domain.squatting import IDLE_UNITS_PER_GPU_SECOND
+from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, parse_alert_event
+from allmende.services.burn_alerts import BurnAlerter, slack_body
+from allmende.testing.budget_harness import ADMIN, ok, plan_text, running_api
+from allmende.testing.harness import wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all, _run
 from tests.unit.test_burn_alerts import FAST, QUIET, burn_of
 

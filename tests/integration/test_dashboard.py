@@ -11,10 +11,17 @@ from typing import Any
 
 import pytest
 
-from allmende.settings import Settings
-from schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted, JobUsageSample
-from tests.integration.budget_harness import ADMIN, ALICE, BOB, SCHEDULER, ok, plan_text, running_api
-from tests.integration.harness import MeterWorker, send_events, wait_until
+from allmende.core.settings import Settings
+from allmende.schemas.events import (
+    FinishStatus,
+    JobEvent,
+    JobFinished,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+)
+from allmende.testing.budget_harness import ADMIN, ALICE, BOB, SCHEDULER, ok, plan_text, running_api
+from allmende.testing.harness import MeterWorker, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all
 
 pytestmark = pytest.mark.integration

@@ -9,12 +9,12 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from allmende.settings import Settings
-from domain.fairshare import Algorithm, compute_fairshare
-from domain.fairshare_usage import decayed_usage, share_tree
-from schemas.fairshare import FairShareRecord
-from tests.integration.budget_harness import ADMIN, ok, plan_text, running_api
-from tests.integration.harness import read_topic, wait_until
+from allmende.core.settings import Settings
+from allmende.domain.fairshare import Algorithm, compute_fairshare
+from allmende.domain.fairshare_usage import decayed_usage, share_tree
+from allmende.schemas.fairshare import FairShareRecord
+from allmende.testing.budget_harness import ADMIN, ok, plan_text, running_api
+from allmende.testing.harness import read_topic, wait_until
 from tests.integration.test_budgets import NOW, QUARTER_PLAN, _meter_all, _run
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
 from prometheus_client import REGISTRY
 
-from allmende.kafka_reading import read_to_end, replaying_consumer
-from allmende.kafka_topics import ensure_topics
-from allmende.settings import Settings
-from services.group_commit import GroupCommit
+from allmende.core.kafka_reading import read_to_end, replaying_consumer
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.settings import Settings
+from allmende.services.group_commit import GroupCommit
 
 pytestmark = pytest.mark.integration
 

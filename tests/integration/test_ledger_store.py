@@ -7,17 +7,17 @@ import datetime as dt
 import pytest
 from fastapi.testclient import TestClient
 
-from allmende.clickhouse import Database
-from allmende.settings import Settings
-from domain.metering import JobMeter
-from schemas.dead_letter import DeadLetter
-from schemas.events import JobFinished, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
-from schemas.ledger import encode_entries
-from services.api.app import create_app
-from services.dashboard_queries import DashboardQueries
-from services.ledger_store import LedgerStore
-from services.ledger_writer import LedgerWriter
-from tests.integration.budget_harness import ADMIN, ALICE, SCHEDULER, with_tokens
+from allmende.core.clickhouse import Database
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.settings import Settings
+from allmende.domain.metering import JobMeter
+from allmende.schemas.dead_letter import DeadLetter
+from allmende.schemas.events import JobFinished, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
+from allmende.schemas.ledger import encode_entries
+from allmende.services.api.app import create_app
+from allmende.services.dashboard_queries import DashboardQueries
+from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, with_tokens
 
 pytestmark = pytest.mark.integration
 

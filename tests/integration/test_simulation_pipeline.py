@@ -11,15 +11,15 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from allmende.cli import app
-from allmende.settings import Settings
-from domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
-from domain.simulation.engine import EngineConfig, Simulation
-from domain.simulation.from_plan import clusters_from_plan, project_shares
-from domain.simulation.interfaces import Sink
-from domain.traces import TraceFormat, read_trace
-from services.simulated_platform import PlanAdmin, PlatformPolicy
-from services.simulation_pipeline import run_settings, simulate_through_pipeline
+from allmende.cli.main import app
+from allmende.core.settings import Settings
+from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
+from allmende.domain.simulation.engine import EngineConfig, Simulation
+from allmende.domain.simulation.from_plan import clusters_from_plan, project_shares
+from allmende.domain.simulation.interfaces import Sink
+from allmende.domain.traces import TraceFormat, read_trace
+from allmende.simulator.pipeline import run_settings, simulate_through_pipeline
+from allmende.simulator.platform import PlanAdmin, PlatformPolicy
 from tests.simulation_slice import HOUR, ON_CALL_S, PHILLY, behaviours, jobs, plan, plan_text
 
 pytestmark = pytest.mark.skipif(not PHILLY.exists(), reason="needs ../shared/data/traces")

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from allmende.settings import Settings
-from services.api.app import create_app
-from tests.integration.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
-from tests.integration.harness import MeterWorker
-from tests.slurm.slurm_harness import (
+from allmende.core.settings import Settings
+from allmende.services.api.app import create_app
+from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
+from allmende.testing.harness import MeterWorker
+from allmende.testing.slurm_harness import (
     PLAN,
     PLATFORM_CLUSTER,
     SLURMCTLD,

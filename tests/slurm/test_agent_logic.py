@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from integrations.slurm.agent import (
+from allmende.integrations.slurm.agent import (
     Agent,
     Slurm,
     hours_of_minutes,
@@ -21,8 +21,8 @@ from integrations.slurm.agent import (
     rebuilt_request,
     stored_request,
 )
-from integrations.slurm.config import SlurmConfig
-from integrations.slurm.scontrol import fields, parse_job
+from allmende.integrations.slurm.config import SlurmConfig
+from allmende.integrations.slurm.scontrol import fields, parse_job
 
 CFG = SlurmConfig(clusters={"gpu": "h100-a", "debug": "h100-a"}, projects={"poor": "broke"}, token="t")
 

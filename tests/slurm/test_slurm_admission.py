@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from allmende.kafka_local import free_port
-from tests.slurm.slurm_harness import ROOT, SLURM_CLUSTER, Platform, SlurmCluster, hook_python, wait_for
+from allmende.core.kafka_local import free_port
+from allmende.testing.slurm_harness import ROOT, SLURM_CLUSTER, Platform, SlurmCluster, hook_python, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -144,7 +144,7 @@ def test_spooled_events_reach_the_ledger_after_a_flush(configured: SlurmCluster,
 
     configured.configure(**platform.config())
     env = {k: v for k, v in configured.env.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    command = [hook_python(), "-m", "integrations.slurm.lifecycle", "flush", "--config"]
+    command = [hook_python(), "-m", "allmende.integrations.slurm.lifecycle", "flush", "--config"]
     flushed = subprocess.run(
         [*command, str(configured.config_file)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,

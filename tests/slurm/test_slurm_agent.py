@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from domain.traces import TraceJob, job_events
-from integrations.slurm.scontrol import parse_job
-from schemas.events import FinishStatus
-from tests.integration.budget_harness import ADMIN, ok
-from tests.integration.harness import send_events
-from tests.slurm.slurm_harness import (
+from allmende.domain.traces import TraceJob, job_events
+from allmende.integrations.slurm.scontrol import parse_job
+from allmende.schemas.events import FinishStatus
+from allmende.testing.budget_harness import ADMIN, ok
+from allmende.testing.harness import send_events
+from allmende.testing.slurm_harness import (
     PLATFORM_CLUSTER,
     ROOT,
     Platform,
@@ -35,13 +35,19 @@ REASON = "xid 79 on GPU 3, fallen off the bus (ticket 4711)"
 
 
 class RunningAgent:
-    """`python -m integrations.slurm.agent` as a process, with its log read from where it was."""
+    """`python -m allmende.integrations.slurm.agent` as a process, with its log read from where it was."""
 
     def __init__(self, slurm: SlurmCluster, stderr: Path) -> None:
         self.slurm = slurm
         self.log_file = slurm.spool / "agent.log"
         self.offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        command = [hook_python(), "-m", "integrations.slurm.agent", "--config", str(slurm.config_file)]
+        command = [
+            hook_python(),
+            "-m",
+            "allmende.integrations.slurm.agent",
+            "--config",
+            str(slurm.config_file),
+        ]
         self.stderr = stderr.open("w")
         self.proc = subprocess.Popen(
             [*command, "--interval", "1"],

@@ -14,8 +14,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
-from domain.admin_state import AdminState
-from schemas.admin_events import (
+from allmende.domain.admin_state import AdminState
+from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
     AgreementRevoked,

@@ -11,7 +11,7 @@ import calendar
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
-from domain.admission_model import (
+from allmende.domain.admission_model import (
     AdmissionSnapshot,
     BudgetLine,
     ClusterLoad,
@@ -20,7 +20,7 @@ from domain.admission_model import (
     Lane,
     RunningJob,
 )
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND
 
 
 def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.events import (
+from allmende.schemas.events import (
     FinishStatus,
     JobFinished,
     JobPreempted,
@@ -11,7 +11,7 @@ from schemas.events import (
     JobUsageSample,
     PriorityClass,
 )
-from schemas.ledger import LedgerEntry
+from allmende.schemas.ledger import LedgerEntry
 
 T0 = 1_700_000_000  # 2023-11-14T22:13:20Z, any instant inside the contract's bounds
 JOB = "job-1"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.admin_state import (
+from allmende.domain.admin_state import (
     AdminRejected,
     AdminState,
     Conflict,
@@ -18,8 +18,8 @@ from domain.admin_state import (
     RetroactivePolicy,
     UnknownReference,
 )
-from domain.allocations import Allocation
-from schemas.admin_events import AdminEvent
+from allmende.domain.allocations import Allocation
+from allmende.schemas.admin_events import AdminEvent
 from tests.unit.admin_builders import (
     BEFORE,
     DAY,

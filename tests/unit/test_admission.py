@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.admission import LANES_THAT_HOLD, decide, gpu_hours, hold_for
-from domain.admission_model import (
+from allmende.domain.admission import LANES_THAT_HOLD, decide, gpu_hours, hold_for
+from allmende.domain.admission_model import (
     AdmissionSnapshot,
     BudgetLine,
     ClusterLoad,

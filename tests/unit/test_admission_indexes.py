@@ -11,10 +11,10 @@ from itertools import count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.admission_model import ClusterLoad, Lane, RunningJob
-from domain.admission_state import AdmissionState
-from schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased
-from schemas.events import FinishStatus, JobFinished, JobPreempted, JobStarted
+from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
+from allmende.domain.admission_state import AdmissionState
+from allmende.schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased
+from allmende.schemas.events import FinishStatus, JobFinished, JobPreempted, JobStarted
 
 T = 1_800_000_000
 DEADLINE = 600

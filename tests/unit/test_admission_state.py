@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.admission_state import AdmissionState
-from schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased
-from schemas.events import FinishStatus, JobEvent, JobFinished, JobPreempted, JobStarted
+from allmende.domain.admission_state import AdmissionState
+from allmende.schemas.admission_events import AdmissionDecided, HoldPlaced, HoldReleased
+from allmende.schemas.events import FinishStatus, JobEvent, JobFinished, JobPreempted, JobStarted
 
 T = 1_800_000_000
 DEADLINE = 600

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.allocations import Allocation
-from domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
-from domain.budget_view import ChargeRowsCache, live_balance
-from domain.charging import PolicyTimeline, flat_policy
-from domain.fairshare_usage import UsageLedger
-from schemas.ledger import LedgerEntry
+from allmende.domain.allocations import Allocation
+from allmende.domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
+from allmende.domain.budget_view import ChargeRowsCache, live_balance
+from allmende.domain.charging import PolicyTimeline, flat_policy
+from allmende.domain.fairshare_usage import UsageLedger
+from allmende.schemas.ledger import LedgerEntry
 from tests.unit.admin_builders import DAY, Q1, T0, adjust, grant, transfer, utc, world
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)

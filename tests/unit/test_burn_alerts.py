@@ -10,8 +10,8 @@ from fractions import Fraction
 import orjson
 import pytest
 
-from domain.admission import UNITS_PER_GPU_HOUR
-from domain.burn_alerts import (
+from allmende.domain.admission import UNITS_PER_GPU_HOUR
+from allmende.domain.burn_alerts import (
     EARLY_EXHAUSTION,
     BurnAlertState,
     ProjectBurn,
@@ -20,15 +20,15 @@ from domain.burn_alerts import (
     fold,
     share_label,
 )
-from domain.burn_rate import SECONDS_PER_DAY, BurnRate, Forecast
-from schemas.alert_events import (
+from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate, Forecast
+from allmende.schemas.alert_events import (
     AlertEvent,
     BurnWarningCleared,
     BurnWarningRaised,
     encode_alert_event,
     parse_alert_event,
 )
-from schemas.events import ContractError
+from allmende.schemas.events import ContractError
 
 H = UNITS_PER_GPU_HOUR
 DAY = SECONDS_PER_DAY

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.burn_rate import BurnRate, DayCharge, burn_rate, even_burn_units
+from allmende.domain.burn_rate import BurnRate, DayCharge, burn_rate, even_burn_units
 
 DAY = 86_400
 HOUR = 3600

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.charging import (
+from allmende.domain.charging import (
     CHARGE_UNITS_PER_GPU_SECOND,
     ChargePolicy,
     PolicyInvalid,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas.events import (
+from allmende.schemas.events import (
     JOB_EVENT_TYPES,
     ContractError,
     JobFinished,

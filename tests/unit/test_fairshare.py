@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.fairshare import (
+from allmende.domain.fairshare import (
     Algorithm,
     DecayedUsage,
     FairShareResult,

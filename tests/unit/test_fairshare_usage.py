@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.charging import CHARGE_UNITS_PER_GPU_SECOND, ChargePolicy, PolicyTimeline, flat_policy
-from domain.fairshare import DEFAULT_HALF_LIFE
-from domain.fairshare_usage import BUCKET_S, UsageLedger, decayed_usage, share_tree
-from domain.metering import JobMeter
-from domain.organisation import Node
-from schemas.ledger import LedgerEntry
+from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, ChargePolicy, PolicyTimeline, flat_policy
+from allmende.domain.fairshare import DEFAULT_HALF_LIFE
+from allmende.domain.fairshare_usage import BUCKET_S, UsageLedger, decayed_usage, share_tree
+from allmende.domain.metering import JobMeter
+from allmende.domain.organisation import Node
+from allmende.schemas.ledger import LedgerEntry
 from tests.unit.builders import T0, finished, sample, started, submitted
 
 FLAT = PolicyTimeline([flat_policy()])

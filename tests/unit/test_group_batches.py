@@ -7,7 +7,7 @@ import asyncio
 
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from services.group_commit import Group, fill_batches
+from allmende.services.group_commit import Group, fill_batches
 
 BATCH_BYTES = 4096
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from allmende.kafka_local import new_cluster_id
+from allmende.core.kafka_local import new_cluster_id
 
 
 def test_cluster_ids_are_16_bytes_of_base64url_and_never_start_with_a_dash() -> None:

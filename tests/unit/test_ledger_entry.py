@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from schemas.ledger import LedgerEntry, decode_entries, encode_entries, new_entry
+from allmende.schemas.ledger import LedgerEntry, decode_entries, encode_entries, new_entry
 
 FIELDS = {
     "entry_id": "e1", "job_id": "j1", "version": 7, "interval_start": 100, "interval_end": 160,

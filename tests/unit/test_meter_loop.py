@@ -32,7 +32,7 @@ def _python(code: str, **env: str) -> str:
 def test_importing_the_worker_imports_no_faust() -> None:
     # faust reads F_LOOP when it is imported: the worker must get to choose first.
     code = (
-        "import sys, streams.worker\n"
+        "import sys, allmende.streams.meter_worker\n"
         "print([m for m in sys.modules if m.split('.')[0] in {'faust', 'mode'}])\n"
     )
     assert _python(code) == "[]"
@@ -41,8 +41,8 @@ def test_importing_the_worker_imports_no_faust() -> None:
 @pytest.mark.parametrize(("loop", "policy"), [("uvloop", "uvloop"), ("aio", "asyncio.unix_events")])
 def test_the_setting_picks_the_loop_faust_runs_on(loop: str, policy: str) -> None:
     code = (
-        "from allmende.settings import Settings\n"
-        "from streams.worker import loop_policy, select_loop\n"
+        "from allmende.core.settings import Settings\n"
+        "from allmende.streams.meter_worker import loop_policy, select_loop\n"
         "select_loop(Settings().meter_loop)\n"
         "import faust, os\n"
         "print(loop_policy(), os.environ['F_LOOP'])\n"
@@ -55,7 +55,7 @@ def test_the_setting_picks_the_loop_faust_runs_on(loop: str, policy: str) -> Non
 def test_uvloop_is_the_default() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ALLMENDE_METER_LOOP"}
     done = subprocess.run(
-        [sys.executable, "-c", "from allmende.settings import Settings; print(Settings().meter_loop)"],
+        [sys.executable, "-c", "from allmende.core.settings import Settings; print(Settings().meter_loop)"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -68,7 +68,7 @@ def test_uvloop_is_the_default() -> None:
 def test_a_loop_chosen_after_faust_was_imported_still_applies() -> None:
     code = (
         "import faust\n"
-        "from streams.worker import loop_policy, select_loop\n"
+        "from allmende.streams.meter_worker import loop_policy, select_loop\n"
         "select_loop('uvloop'); a = loop_policy()\n"
         "select_loop('aio'); print(a, loop_policy())\n"
     )
@@ -78,8 +78,8 @@ def test_a_loop_chosen_after_faust_was_imported_still_applies() -> None:
 def test_the_counting_agent_of_the_bench_reads_like_the_meter(tmp_path: Path) -> None:
     # bench/faust_ceiling.py builds its app from stream_settings(): the meter must too.
     code = (
-        "from allmende.settings import Settings\n"
-        "from streams.app import BATCH_MAX, create_app, stream_settings\n"
+        "from allmende.core.settings import Settings\n"
+        "from allmende.streams.meter import BATCH_MAX, create_app, stream_settings\n"
         f"app = create_app(Settings(meter_data_dir={str(tmp_path)!r}))\n"
         "c = app.conf\n"
         "s = stream_settings()\n"

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.metering import JobMeter, MeteringRejected, _hash24
-from domain.postings import newest_per_entry, post
-from schemas.events import JobEvent
-from schemas.ledger import LedgerEntry
+from allmende.domain.metering import JobMeter, MeteringRejected, _hash24
+from allmende.domain.postings import newest_per_entry, post
+from allmende.schemas.events import JobEvent
+from allmende.schemas.ledger import LedgerEntry
 from tests.unit.builders import JOB, T0, finished, preempted, sample, started, submitted
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)

@@ -6,9 +6,9 @@ import socket
 
 import httpx
 
-from allmende.kafka_local import free_port
-from allmende.metrics_server import serve_metrics
-from allmende.settings import Settings
+from allmende.core.kafka_local import free_port
+from allmende.core.metrics import serve_metrics
+from allmende.core.settings import Settings
 
 
 def test_metrics_are_served_on_the_port_given() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.pending_records import NotRecorded, PendingRecords
+from allmende.services.pending_records import NotRecorded, PendingRecords
 
 
 class Log:

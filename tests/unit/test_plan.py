@@ -7,11 +7,11 @@ from decimal import Decimal
 
 import pytest
 
-from domain.admin_state import AdminState
-from domain.allocations import UNITS_PER_GPU_HOUR
-from domain.plan import Change, PlanConflict, diff
-from domain.plan_file import PlanInvalid, parse_plan
-from schemas.admin_events import (
+from allmende.domain.admin_state import AdminState
+from allmende.domain.allocations import UNITS_PER_GPU_HOUR
+from allmende.domain.plan import Change, PlanConflict, diff
+from allmende.domain.plan_file import PlanInvalid, parse_plan
+from allmende.schemas.admin_events import (
     AgreementGranted,
     AgreementRevoked,
     AllocationAdjusted,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.postings import Posting, PostingKind, day_pieces, newest_per_entry, post
-from schemas.ledger import LedgerEntry
+from allmende.domain.postings import Posting, PostingKind, day_pieces, newest_per_entry, post
+from allmende.schemas.ledger import LedgerEntry
 from tests.unit.builders import entry
 
 DAY = 24 * 60 * 60

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.admission_model import Lane, RunningJob, Victim
-from domain.preemption import Reach, plan_victims, preemption_plan, victim_group
+from allmende.domain.admission_model import Lane, RunningJob, Victim
+from allmende.domain.preemption import Reach, plan_victims, preemption_plan, victim_group
 from tests.unit.admission_builders import HOUR, NOW, job, opportunistic, snapshot, utc
 
 PROPERTY = settings(max_examples=300, deadline=None, database=None)

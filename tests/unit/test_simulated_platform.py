@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from allmende.settings import Settings
-from domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
-from domain.simulation.engine import EngineConfig, Simulation
-from domain.simulation.from_plan import clusters_from_plan, project_shares
-from domain.simulation.interfaces import ListSink
-from domain.simulation.model import JobOutcome, RunEnd, SimulationResult
-from domain.simulation.report import SimulationReport, build_report
-from services.simulated_platform import ObservingSink, PlatformPolicy
+from allmende.core.settings import Settings
+from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
+from allmende.domain.simulation.engine import EngineConfig, Simulation
+from allmende.domain.simulation.from_plan import clusters_from_plan, project_shares
+from allmende.domain.simulation.interfaces import ListSink
+from allmende.domain.simulation.model import JobOutcome, RunEnd, SimulationResult
+from allmende.domain.simulation.report import SimulationReport, build_report
+from allmende.simulator.platform import ObservingSink, PlatformPolicy
 from tests.simulation_slice import HOUR, ON_CALL_S, PHILLY, behaviours, jobs, plan
 
 pytestmark = pytest.mark.skipif(not PHILLY.exists(), reason="needs ../shared/data/traces")

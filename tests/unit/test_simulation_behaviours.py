@@ -7,9 +7,15 @@ from dataclasses import replace as dataclass_replace
 
 import pytest
 
-from domain.simulation.behaviours import NO_BEHAVIOURS, Behaviours, inflates, parks_placeholders, workload
-from domain.traces import TraceJob
-from schemas.events import FinishStatus, PriorityClass
+from allmende.domain.simulation.behaviours import (
+    NO_BEHAVIOURS,
+    Behaviours,
+    inflates,
+    parks_placeholders,
+    workload,
+)
+from allmende.domain.traces import TraceJob
+from allmende.schemas.events import FinishStatus, PriorityClass
 
 T0 = 1_700_000_000
 P, S, N = PriorityClass.PREEMPTIBLE, PriorityClass.STANDARD, PriorityClass.NON_PREEMPTIBLE

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from domain.admission_model import JobRequest
-from domain.metering import JobMeter
-from domain.simulation.baseline import BaselineConfig, BaselinePolicy
-from domain.simulation.cluster import Cluster, host_name
-from domain.simulation.engine import EngineConfig, Simulation
-from domain.simulation.interfaces import ListSink, SimEvent, SimView
-from domain.simulation.model import (
+from allmende.domain.admission_model import JobRequest
+from allmende.domain.metering import JobMeter
+from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy
+from allmende.domain.simulation.cluster import Cluster, host_name
+from allmende.domain.simulation.engine import EngineConfig, Simulation
+from allmende.domain.simulation.interfaces import ListSink, SimEvent, SimView
+from allmende.domain.simulation.model import (
     ClusterSize,
     HostFailure,
     JobOutcome,
@@ -26,8 +26,15 @@ from domain.simulation.model import (
     Start,
     Stop,
 )
-from domain.simulation.report import build_report
-from schemas.events import JobFinished, JobPreempted, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
+from allmende.domain.simulation.report import build_report
+from allmende.schemas.events import (
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+    PriorityClass,
+)
 
 T0 = 1_700_000_000  # any instant inside the event contract's bounds
 HOUR = 3600
@@ -378,7 +385,7 @@ def test_hosts_are_named_in_order_and_the_last_one_takes_the_remainder() -> None
 def test_first_fit_placement(
     case: str, placed: list[int], bad: list[str], gpus: int, expected: tuple[str, ...] | None
 ) -> None:
-    from domain.admission_model import RunningJob
+    from allmende.domain.admission_model import RunningJob
 
     cluster = Cluster("c1", 16)
     for i, n in enumerate(placed):
@@ -389,7 +396,7 @@ def test_first_fit_placement(
 
 
 def test_gpus_freed_on_a_bad_host_stay_out_of_use_until_it_recovers() -> None:
-    from domain.admission_model import RunningJob
+    from allmende.domain.admission_model import RunningJob
 
     cluster = Cluster("c1", 16)
     cluster.place(RunningJob("a", "p", "u", 12, "standard", None, T0))

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from domain.simulation.model import (
+from allmende.cli.simulation_tables import render_comparison, render_report
+from allmende.domain.simulation.model import (
     ClusterSize,
     JobOutcome,
     JobRecord,
@@ -15,9 +16,9 @@ from domain.simulation.model import (
     SimJob,
     SimulationResult,
 )
-from domain.simulation.render import compare_reports, render_comparison, render_report, report_rows
-from domain.simulation.report import DelayStats, ProjectBudget, build_report, nearest_rank
-from schemas.events import PriorityClass
+from allmende.domain.simulation.render import compare_reports, report_rows
+from allmende.domain.simulation.report import DelayStats, ProjectBudget, build_report, nearest_rank
+from allmende.schemas.events import PriorityClass
 
 T0 = 1_700_000_000
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from domain.metering import JobMeter
-from domain.plan_file import parse_plan
-from domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
-from domain.simulation.behaviours import Behaviours, inflates, workload
-from domain.simulation.engine import EngineConfig, Simulation
-from domain.simulation.from_plan import clusters_from_plan, project_shares
-from domain.simulation.interfaces import ListSink, SimEvent
-from domain.simulation.model import TOP_CLASS, ClusterSize, HostFailure, RunEnd, SimulationResult
-from domain.simulation.report import SimulationReport, build_report
-from domain.traces import TraceFormat, TraceJob, read_trace
+from allmende.domain.metering import JobMeter
+from allmende.domain.plan_file import parse_plan
+from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
+from allmende.domain.simulation.behaviours import Behaviours, inflates, workload
+from allmende.domain.simulation.engine import EngineConfig, Simulation
+from allmende.domain.simulation.from_plan import clusters_from_plan, project_shares
+from allmende.domain.simulation.interfaces import ListSink, SimEvent
+from allmende.domain.simulation.model import TOP_CLASS, ClusterSize, HostFailure, RunEnd, SimulationResult
+from allmende.domain.simulation.report import SimulationReport, build_report
+from allmende.domain.traces import TraceFormat, TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "data" / "traces"

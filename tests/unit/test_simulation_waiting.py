@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from domain.simulation.waiting import Entry, WaitingQueue
+from allmende.domain.simulation.waiting import Entry, WaitingQueue
 
 
 def entry(job_id: str, rank: int, submitted: int = 0) -> Entry:

@@ -11,12 +11,19 @@ import itertools
 
 import pytest
 
-from domain.admission import decide
-from domain.admission_model import Lane
-from domain.admission_state import AdmissionState
-from domain.preemption import Reach, plan_victims
-from domain.squatting import SquatRule, idle_since
-from schemas.events import JobEvent, JobPreempted, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
+from allmende.domain.admission import decide
+from allmende.domain.admission_model import Lane
+from allmende.domain.admission_state import AdmissionState
+from allmende.domain.preemption import Reach, plan_victims
+from allmende.domain.squatting import SquatRule, idle_since
+from allmende.schemas.events import (
+    JobEvent,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobUsageSample,
+    PriorityClass,
+)
 from tests.unit.admission_builders import HOUR, NOW, job, opportunistic, request, snapshot
 
 RULE = SquatRule(max_utilization_bp=500, grace_s=1800)  # under 5 % for longer than 30 minutes

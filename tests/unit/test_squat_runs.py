@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.squatting import JobTotals, SquatRule, find_squatting
-from services.dashboard_queries import contiguous_runs
+from allmende.domain.squatting import JobTotals, SquatRule, find_squatting
+from allmende.services.dashboard_queries import contiguous_runs
 from tests.unit.test_squatting import job, runs
 
 RULE = SquatRule()

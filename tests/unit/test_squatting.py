@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.squatting import FULL_BP, JobTotals, SquatRule, Squatting, UsagePiece, find_squatting
+from allmende.domain.squatting import FULL_BP, JobTotals, SquatRule, Squatting, UsagePiece, find_squatting
 
 MIN = 60
 T0 = 1_800_000_000

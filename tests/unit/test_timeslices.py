@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.timeslices import (
+from allmende.domain.timeslices import (
     Agreement,
     AgreementInvalid,
     FixedWindow,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from domain.metering import JobMeter
-from domain.traces import (
+from allmende.domain.metering import JobMeter
+from allmende.domain.traces import (
     EPOCHS,
     PROJECTS_PER_TRACE,
     TraceFormat,
@@ -24,7 +24,7 @@ from domain.traces import (
     read_trace,
     with_idle_placeholders,
 )
-from schemas.events import (
+from allmende.schemas.events import (
     FinishStatus,
     JobFinished,
     JobStarted,

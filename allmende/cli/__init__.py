@@ -1,0 +1,1 @@
+"""The command line: the top of the call chain, imported by nothing."""

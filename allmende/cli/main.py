@@ -1,0 +1,339 @@
+"""The `allmende` command line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from allmende.cli.admission import host_app, preempt
+from allmende.cli.api_client import api_url as _api_url
+from allmende.cli.api_client import call, local_admin_token, local_admin_token_file, token_for
+from allmende.cli.budget import apply as budget_apply
+from allmende.cli.budget import balance as budget_balance
+from allmende.cli.budget import budget_app
+from allmende.cli.fairshare import fairshare
+from allmende.cli.simulate import simulate
+from allmende.cli.slurm import slurm_app
+from allmende.core import procs
+from allmende.core.paths import source_checkout
+from allmende.core.settings import Settings
+
+app = typer.Typer(
+    help="Allmende: GPU-hour budgets and an exact ledger for shared GPU clusters.", no_args_is_help=True
+)
+kafka_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(budget_app, name="budget")
+app.command("fairshare")(fairshare)
+app.add_typer(host_app, name="host")
+app.add_typer(slurm_app, name="slurm")
+app.command("preempt")(preempt)
+app.command("simulate")(simulate)
+console = Console()
+
+# The demo's defaults come from a checkout (its examples/ and the shared traces beside it).
+_CHECKOUT = source_checkout() or Path.cwd()
+DEMO_TRACE = _CHECKOUT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
+DEMO_PLAN = _CHECKOUT / "examples" / "plans" / "elasticflow-2021-q2.yaml"
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    from allmende.core.logs import configure_logging
+
+    configure_logging(settings)
+    return settings
+
+
+def _broker(settings: Settings):  # type: ignore[no-untyped-def]
+    from allmende.core.kafka_local import LocalBroker
+
+    port = int(settings.kafka_bootstrap_servers.rsplit(":", 1)[1])
+    return LocalBroker(settings.kafka_home, port=port, controller_port=port + 1)
+
+
+@kafka_app.command("start")
+def kafka_start() -> None:
+    """Start the local broker (fetching its jars with Maven the first time)."""
+    broker = _broker(_settings())
+    console.print(f"Kafka ready at [bold]{broker.start()}[/bold] (logs: {broker.home})")
+
+
+@kafka_app.command("stop")
+def kafka_stop() -> None:
+    """Stop the local broker."""
+    _broker(_settings()).stop()
+
+
+@kafka_app.command("status")
+def kafka_status() -> None:
+    broker = _broker(_settings())
+    pid = broker.running_pid()
+    console.print(f"running, pid {pid}, {broker.bootstrap}" if pid else "not running")
+    raise typer.Exit(0 if pid else 1)
+
+
+@app.command()
+def migrate() -> None:
+    """Apply the ClickHouse migrations (idempotent)."""
+    from allmende.core.clickhouse import Database
+
+    s = _settings()
+    done = Database(s.clickhouse_dsn, s.clickhouse_database).migrate()
+    console.print(f"applied: {', '.join(done) or 'nothing (up to date)'}")
+
+
+@app.command()
+def worker() -> None:
+    """Run a metering worker (faust); start several to share the partitions."""
+    from allmende.streams.meter_worker import main
+
+    main()
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="bind address (ALLMENDE_API_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (ALLMENDE_API_PORT)")] = None,
+) -> None:
+    """Run the API; with embedded ClickHouse it also runs the ledger writer."""
+    import uvicorn
+
+    from allmende.services.api.app import create_app
+
+    s = _settings()
+    uvicorn.run(
+        create_app(s), host=host or s.api_host, port=port or s.api_port, log_config=None, access_log=False
+    )
+
+
+@app.command()
+def writer() -> None:
+    """Run a standalone ledger writer (ClickHouse server mode; embedded mode runs it in `serve`)."""
+    import signal
+    import threading
+
+    from allmende.core.clickhouse import Database
+    from allmende.core.kafka_topics import ensure_topics
+    from allmende.core.ledger_store import LedgerStore
+    from allmende.core.metrics import serve_metrics
+    from allmende.streams.ledger_writer import LedgerWriter
+
+    s = _settings()
+    db = Database(s.clickhouse_dsn, s.clickhouse_database)
+    db.migrate()
+    ensure_topics(s)
+    serve_metrics(s, "writer", s.writer_metrics_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+
+
+@app.command()
+def replay(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="trace file")],
+    format: Annotated[str, typer.Option("--format", "-f", help="elasticflow | philly | helios")],
+    cluster: Annotated[
+        str | None, typer.Option(help="one CSV of the ElasticFlow tarball, e.g. cluster10")
+    ] = None,
+    sample_every: Annotated[int, typer.Option(help="usage sample interval, seconds", min=1)] = 600,
+    speed: Annotated[
+        float | None, typer.Option(help="trace seconds per wall second (default: as fast as possible)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="replay only the first N jobs", min=1)] = None,
+    idle_share: Annotated[
+        float,
+        typer.Option(
+            help="share of jobs replayed as idle placeholders (utilisation under 5 %)", min=0, max=1
+        ),
+    ] = 0.0,
+    seed: Annotated[
+        int, typer.Option(help="which jobs --idle-share picks (the same seed, the same jobs)")
+    ] = 0,
+) -> None:
+    """Turn a real trace into job lifecycle events on Kafka."""
+    from allmende.core.kafka_topics import ensure_topics
+    from allmende.core.replay import make_producer, publish, timeline
+    from allmende.domain.traces import TraceFormat, TraceStats, read_trace, with_idle_placeholders
+
+    try:
+        fmt = TraceFormat(format)
+    except ValueError:
+        raise typer.BadParameter(f"unknown format {format!r}; one of elasticflow, philly, helios") from None
+    s = _settings()
+    ensure_topics(s)
+    stats = TraceStats()
+    jobs = list(
+        with_idle_placeholders(
+            read_trace(path, fmt, cluster=cluster, limit=limit, stats=stats), idle_share, seed
+        )
+    )
+    if not jobs:
+        raise typer.BadParameter(f"no jobs found in {path}" + (f" for cluster {cluster}" if cluster else ""))
+    expected = sum(max(0, (j.duration_s - 1) // sample_every) + 3 for j in jobs)
+    producer = make_producer(s.kafka_bootstrap_servers)
+    t0 = time.monotonic()
+    with Progress(
+        TextColumn("[bold]replay"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("events"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("replay", total=expected)
+        sent = publish(
+            producer,
+            s.job_events_topic,
+            timeline(jobs, sample_every),
+            speed,
+            on_event=lambda _: bar.advance(task),
+        )
+    producer.close()
+    seconds = time.monotonic() - t0
+    gpu_seconds = sum(j.gpu_seconds for j in jobs)
+    console.print(
+        f"{len(jobs)} jobs, {sent} events in {seconds:.1f}s ({sent / max(seconds, 1e-9):,.0f}/s); "
+        f"trace total {gpu_seconds:,} GPU-seconds ({gpu_seconds / 3600:,.1f} GPU-hours)"
+        + (f"; skipped {stats.skipped_no_gpu} rows without GPUs" if stats.skipped_no_gpu else "")
+        + (f"; {idle} idle placeholders" if (idle := sum(j.utilization < 1.0 for j in jobs)) else "")
+    )
+
+
+@app.command()
+def usage(
+    project: Annotated[str, typer.Argument(help="project name")],
+    from_: Annotated[str | None, typer.Option("--from", help="first day, YYYY-MM-DD (UTC)")] = None,
+    to: Annotated[str | None, typer.Option(help="last day, YYYY-MM-DD (UTC), inclusive")] = None,
+    group_by: Annotated[str | None, typer.Option(help="user | cluster | gpu_type | priority_class")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the API's JSON")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG chart of GPU-hours per day")] = None,
+) -> None:
+    """GPU-hours of a project per day and in total (asks the API: ALLMENDE_API_URL)."""
+    s = Settings()
+    params = {k: v for k, v in {"from": from_, "to": to, "group_by": group_by}.items() if v}
+    body = call(s, "GET", f"/v1/projects/{project}/usage", params=params)
+    if as_json:
+        print(json.dumps(body, indent=2))
+    else:
+        table = Table(title=f"{project}: {body['first_day']} .. {body['last_day']} (UTC days)")
+        table.add_column("day")
+        if group_by:
+            table.add_column(group_by)
+        table.add_column("GPU-hours", justify="right")
+        for d in body["days"]:
+            table.add_row(d["day"], *([d["group"]] if group_by else []), f"{float(d['gpu_hours']):,.2f}")
+        table.add_section()
+        table.add_row("total", *([""] if group_by else []), f"{float(body['total_gpu_hours']):,.2f}")
+        console.print(table)
+    if plot is not None:
+        from allmende.cli.plots import usage_chart
+
+        usage_chart(body, plot)
+        console.print(f"chart written to {plot}")
+
+
+def _auth_headers(s: Settings) -> dict[str, str]:
+    token = token_for(s)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise typer.Exit(f"{url} did not answer within {timeout:.0f}s")  # type: ignore[arg-type]
+
+
+@app.command()
+def up() -> None:
+    """Start the local platform in the background: Kafka, a metering worker, the API."""
+    s = _settings()
+    broker = _broker(s)
+    console.print(f"Kafka: {broker.start()}")
+    from allmende.core.kafka_topics import ensure_topics
+
+    ensure_topics(s)
+    procs.start(s.run_dir, "worker", ["worker"])
+    # The local API gets an admin token of its own unless the environment names some.
+    env = {} if s.admin_tokens else {"ALLMENDE_ADMIN_TOKENS": f"admin:{local_admin_token(s, create=True)}"}
+    procs.start(s.run_dir, "api", ["serve"], env=env)
+    _wait_http(f"{_api_url(s)}/healthz", 90)
+    console.print(f"API: {_api_url(s)}  (docs: {_api_url(s)}/docs, logs: {s.run_dir})")
+
+
+@app.command()
+def down() -> None:
+    """Stop what `allmende up` started."""
+    s = _settings()
+    for name in ("api", "worker"):
+        if procs.stop(s.run_dir, name):
+            console.print(f"stopped {name}")
+    _broker(s).stop()
+    console.print("stopped kafka")
+
+
+@app.command()
+def demo(
+    trace: Annotated[Path, typer.Option(help="ElasticFlow trace tarball")] = DEMO_TRACE,
+    cluster: Annotated[str, typer.Option(help="which cluster CSV to replay")] = "cluster01",
+    plan: Annotated[Path, typer.Option(help="the quarter plan to apply first")] = DEMO_PLAN,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the ledger")] = 600,
+) -> None:
+    """Start the platform, apply a quarter plan, replay a real trace, wait for the exact ledger."""
+    from allmende.domain.traces import TraceFormat, read_trace
+
+    if not trace.exists():
+        raise typer.BadParameter(f"trace {trace} not found (expected ../shared/data/traces)")
+    if not plan.exists():
+        raise typer.BadParameter(f"plan {plan} not found (give --plan)")
+    up()
+    console.rule("the quarter plan")
+    budget_apply(plan)
+    console.rule("the trace")
+    # A few idle placeholders, so the dashboards have squatting to show.
+    replay(trace, "elasticflow", cluster=cluster, sample_every=600, speed=None, limit=None, idle_share=0.05)
+    s = Settings()
+    project = f"ef-{cluster}"
+    expected = sum(j.gpu_seconds for j in read_trace(trace, TraceFormat.ELASTICFLOW, cluster=cluster))
+    deadline = time.monotonic() + timeout
+    total = -1
+    with console.status("waiting for the ledger to catch up"):
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{_api_url(s)}/v1/projects/{project}/usage", headers=_auth_headers(s), timeout=30)
+            total = r.json().get("total_gpu_seconds", -1) if r.status_code == 200 else -1
+            if total == expected:
+                break
+            time.sleep(1)
+    state = "[green]exact[/green]" if total == expected else "[red]incomplete[/red]"
+    console.print(f"ledger total {total:,} GPU-seconds, trace {expected:,}: {state}")
+    budget_balance(project, as_of=None, period=None, as_json=False, plot=None)
+    for command in ("usage", "budget balance", "budget history"):
+        console.print(f"Try: allmende {command} {project}")
+    token = f"$(cat {local_admin_token_file(s)})"
+    console.print(f'     curl -H "Authorization: Bearer {token}" {_api_url(s)}/v1/projects/{project}/balance')
+    console.rule("the dashboards")
+    console.print(
+        f"Dashboards: {_api_url(s)}/ui/overview   (a project's page: {_api_url(s)}/ui/projects/{project})"
+    )
+    # The sign-in form takes the token once and keeps it in an HttpOnly cookie, never in a URL.
+    console.print(f"Sign in with the local admin token: {token_for(s)}")
+    console.print(f"API docs: {_api_url(s)}/docs   stop with: make down")
+
+
+if __name__ == "__main__":
+    app()

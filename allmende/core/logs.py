@@ -1,0 +1,31 @@
+"""Structured logs: JSON lines by default (ALLMENDE_LOG_JSON=false for a console format)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+from allmende.core.settings import Settings
+
+
+def configure_logging(settings: Settings) -> None:
+    level = logging.getLevelName(settings.log_level.upper())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if settings.log_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level if isinstance(level, int) else 20),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )

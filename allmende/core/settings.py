@@ -1,0 +1,150 @@
+"""All configuration, from environment variables prefixed `ALLMENDE_` (see docs/configuration)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from allmende.core.paths import default_state_dir
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ALLMENDE_", extra="ignore", populate_by_name=True)
+
+    # Every piece of local state below, unless set on its own (allmende.core.paths).
+    state_dir: Path = Field(default_factory=default_state_dir)
+
+    # Kafka. KAFKA_BOOTSTRAP_SERVERS (no prefix) wins, as the tests and compose use it.
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP_SERVERS", "ALLMENDE_KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    topic_prefix: str = "allmende"
+    topic_partitions: int = Field(default=6, ge=1, le=1000)
+
+    # ClickHouse: `chdb:///path` (embedded, one process owns it) or `http://host:8123`.
+    clickhouse_dsn: str = ""  # default: chdb://<state_dir>/chdb
+    clickhouse_database: str = "allmende"
+
+    # Ledger writer batching: flush at this many records or after this many milliseconds.
+    writer_batch_max: int = Field(default=20_000, ge=1)
+    writer_batch_wait_ms: int = Field(default=200, ge=1)
+    writer_enabled: bool = True
+    writer_group: str = "allmende-ledger-writer"
+    # "assign": one writer takes all partitions (embedded chDB). "group": writers share the
+    # partitions through a consumer group (ClickHouse server, scaled out).
+    writer_mode: Literal["assign", "group"] = "assign"
+
+    # Metering worker (faust).
+    meter_app_id: str = "allmende-meter"
+    meter_data_dir: Path = Path()  # default: <state_dir>/faust
+    # The worker's asyncio loop (faust's F_LOOP, chosen before faust is imported): "uvloop" or "aio".
+    meter_loop: Literal["uvloop", "aio"] = "uvloop"
+
+    # HTTP API.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    # Prometheus /metrics of meter workers and standalone writers (the API serves its own); 0: off.
+    metrics_host: str = "127.0.0.1"
+    meter_metrics_port: int = Field(default=9102, ge=0, le=65535)
+    writer_metrics_port: int = Field(default=9103, ge=0, le=65535)
+
+    # Who may do what: admin tokens (comma-separated) may change budgets; `user:token` pairs are
+    # project leads, who may read the balances of the projects (and groups) they lead.
+    admin_tokens: str = ""
+    lead_tokens: str = ""
+    scheduler_tokens: str = ""  # the cluster scheduler's own tokens: admission and preemption
+    # A command-line client's own token (`allmende budget ...`).
+    token: str = ""
+    # How often the API looks for allocations whose period has ended (expiry, rollover).
+    expiry_check_s: float = Field(default=60.0, gt=0)
+    # An allocation expires this long after its period ends, and only once the ledger has caught
+    # up: jobs that ran across the end report their last usage late.
+    expiry_grace_s: int = Field(default=86_400, ge=0)
+
+    # Fair share (Slurm's PriorityDecayHalfLife, PriorityUsageResetPeriod); 0: no decay.
+    fairshare_enabled: bool = True
+    fairshare_algorithm: Literal["classic", "fair_tree"] = "fair_tree"
+    fairshare_half_life_s: int = Field(default=7 * 86_400, ge=0)
+    fairshare_reset: Literal["none", "quarterly"] = "none"
+    fairshare_publish_s: float = Field(default=10.0, gt=0)
+    # How long the API waits at start for the ledger replay behind admission before serving.
+    startup_replay_timeout_s: float = Field(default=120.0, ge=0)
+
+    # Admission: an admitted job that has not started by then frees its GPUs and its hold.
+    admission_enabled: bool = True
+    admission_start_deadline_s: int = Field(default=3600, ge=1)
+    interactive_max_gpus_per_user: int = Field(default=8, ge=0)
+    interactive_max_hours: int = Field(default=8, ge=0)
+
+    # Squatting: a job whose GPU utilisation stays under this share for longer than the grace
+    # period is flagged, with what it has cost so far (domain/squatting.py). At most 25 %: the
+    # ledger keeps the pieces under that apart for it (`low_pieces`).
+    squat_max_utilization: float = Field(default=0.05, ge=0.0, le=0.25)
+    squat_grace_s: int = Field(default=1800, ge=0)
+    # ... and its GPUs go first to a job that needs them (a preemption victim whatever its class,
+    # after jobs on unhealthy hosts; never a time-slice or interactive job): domain/preemption.py.
+    squat_reclaim: bool = True
+
+    # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
+    # and a POST of a Slack-compatible body to each webhook URL (comma-separated).
+    burn_warning_days_early: int = Field(default=7, ge=0)  # trailing-7-day forecast runs out this early
+    burn_warning_budget_shares: str = "0.8,1.0"  # shares of the budget whose passing warns
+    alerts_enabled: bool = True
+    alert_webhook_urls: str = ""
+    alert_check_s: float = Field(default=60.0, gt=0)
+
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    # Local broker started by the project.
+    kafka_home: Path = Path()  # default: <state_dir>/kafka
+    run_dir: Path = Path()  # default: <state_dir>/run
+
+    @model_validator(mode="after")
+    def _under_state_dir(self) -> Self:
+        """Paths not set on their own go under `state_dir` (pydantic has no defaults from fields)."""
+        derived = {
+            "clickhouse_dsn": f"chdb://{self.state_dir / 'chdb'}",
+            "meter_data_dir": self.state_dir / "faust",
+            "kafka_home": self.state_dir / "kafka",
+            "run_dir": self.state_dir / "run",
+        }
+        for name, value in derived.items():
+            if name not in self.model_fields_set:
+                setattr(self, name, value)
+        return self
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def job_events_topic(self) -> str:
+        return self.topic("job-events")
+
+    @property
+    def ledger_entries_topic(self) -> str:
+        return self.topic("ledger-entries")
+
+    @property
+    def admin_events_topic(self) -> str:
+        return self.topic("admin-events")
+
+    @property
+    def admission_topic(self) -> str:
+        return self.topic("admission")
+
+    @property
+    def fairshare_topic(self) -> str:
+        return self.topic("fairshare")
+
+    @property
+    def alerts_topic(self) -> str:
+        return self.topic("alerts")
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.topic("dead-letter")

@@ -1,0 +1,66 @@
+"""The pieces of the Slurm tests: the local Slurm cluster, the platform, and waiting on both."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from allmende.core.settings import Settings
+from allmende.integrations.slurm import local
+from allmende.integrations.slurm.local import (  # noqa: F401  (the tests and bench import them from here)
+    JOB_SUBMIT_LUA,
+    PLAN,
+    PLATFORM_CLUSTER,
+    ROOT,
+    SLURMCTLD,
+    SlurmCluster,
+    current_quarter,
+    hook_python,
+    quarter_bounds,
+)
+from allmende.testing.harness import MeterWorker, wait_until
+
+SLURM_CLUSTER = "pytest"  # Slurm's ClusterName
+TOKEN = "sched-secret"  # budget_harness.with_tokens' scheduler token
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    url: str
+    app: Any
+    meter: MeterWorker
+
+    @property
+    def admission(self) -> Any:
+        return self.app.state.admission
+
+    @property
+    def store(self) -> Any:
+        return self.app.state.store
+
+    def gpu_seconds(self, job_id: str) -> int | None:
+        """The GPU-seconds the ledger charged the job so far (None: nothing yet)."""
+        seconds: dict[str, int] = self.store.job_gpu_seconds()
+        return seconds.get(job_id)
+
+    def config(self, **values: Any) -> dict[str, Any]:
+        """The integration config's platform part: this API, this broker, this topic prefix."""
+        return {
+            "api_url": self.url,
+            "kafka_bootstrap_servers": self.settings.kafka_bootstrap_servers,
+            "topic_prefix": self.settings.topic_prefix,
+            **values,
+        }
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    return wait_until(check, timeout, what, every=0.2)
+
+
+def running_slurm(state: Path, hooks: bool = True) -> contextlib.AbstractContextManager[SlurmCluster]:
+    """The local Slurm (integrations/slurm/local.py) in `state` on free ports, with Allmende's
+    job_submit.lua and, with `hooks`, its lifecycle hooks; stopped after."""
+    return local.running_slurm(state, SLURM_CLUSTER, hooks=hooks, token=TOKEN)

@@ -1,0 +1,26 @@
+"""Settings of one test's platform: its own topic prefix, ClickHouse database and consumer
+groups (`<prefix><10 hex>`), so tests share one broker and one chDB directory without seeing each
+other."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from allmende.core.settings import Settings
+
+
+def tagged_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path, prefix: str = "t") -> Settings:
+    tag = f"{prefix}{uuid.uuid4().hex[:10]}"
+    return Settings(
+        kafka_bootstrap_servers=kafka_bootstrap,
+        clickhouse_dsn=chdb_dsn,
+        clickhouse_database=tag,
+        topic_prefix=tag,
+        topic_partitions=4,
+        meter_app_id=f"{tag}-meter",
+        meter_data_dir=workdir / "faust",
+        writer_group=f"{tag}-writer",
+        writer_batch_wait_ms=100,
+        log_json=False,
+    )

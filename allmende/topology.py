@@ -1,0 +1,1 @@
+"""Which components run in which process: declared here, apart from HTTP (see the README)."""

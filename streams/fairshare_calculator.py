@@ -1,0 +1,238 @@
+"""The fair-share calculator: the ledger-entry stream -> decayed usage -> factors, published.
+
+It reads every partition of `<prefix>.ledger-entries` (one reader: fair share is one global
+computation over the whole tree) and the admin log (the tree, the charge policy). Its state lives
+in memory and is rebuilt by replay at every start: the usage it derives (`UsageLedger`) depends
+only on the latest revision of each entry, so a replay gives the same integers, and the factors
+are computed from them in one canonical order.
+
+After a change it publishes, at most every `fairshare_publish_s`, every node's row to the compacted
+topic `<prefix>.fairshare` (key: node id) and to the ClickHouse table `fairshare_history`, and
+keeps the latest snapshot for the API. Published figures are taken at the stream's clock (the
+latest end of use seen), so a snapshot says exactly which usage it includes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import structlog
+from kafka import KafkaProducer
+from prometheus_client import Counter, Gauge
+
+from allmende.core.clickhouse import Database
+from allmende.core.kafka_reading import LagWatch, replaying_consumer
+from allmende.core.settings import Settings
+from allmende.domain.allocations import quarter_start
+from allmende.domain.fairshare import Algorithm, FairShareResult, ShareRow, compute_fairshare
+from allmende.domain.fairshare_usage import UsageLedger, decayed_usage, share_tree
+from allmende.domain.postings import newest_per_entry
+from allmende.schemas.fairshare import FairShareRecord
+from allmende.schemas.ledger import decode_entries
+from allmende.streams.admin_log import AdminLog
+
+log = structlog.get_logger(__name__)
+
+SNAPSHOTS = Counter("allmende_fairshare_snapshots_total", "Fair-share snapshots published")
+FACTOR = Gauge("allmende_fairshare_factor", "Fair-share factor of a project", ["project"])
+LAG = Gauge("allmende_fairshare_lag_records", "Ledger-entry records the calculator is behind")
+
+_HISTORY_COLUMNS = (
+    "as_of", "algorithm", "node_id", "parent_id", "depth", "is_leaf", "raw_shares", "norm_shares",
+    "raw_usage", "norm_usage", "effective_usage", "level_fs", "factor",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    as_of: int
+    algorithm: Literal["classic", "fair_tree"]
+    records: tuple[FairShareRecord, ...]
+    admin_version: int = 0  # admin events seen when taken: a newer tree or policy makes it stale
+    caught_up: bool = False  # taken with every record up to the partitions' ends folded in
+
+    @functools.cached_property
+    def factors(self) -> dict[str, float]:
+        return {r.node_id: r.factor for r in self.records}
+
+
+def record_of(row: ShareRow, as_of: int, algorithm: Literal["classic", "fair_tree"]) -> FairShareRecord:
+    level = row.level_fs
+    return FairShareRecord(
+        as_of=as_of, algorithm=algorithm, node_id=row.node_id, parent_id=row.parent_id, depth=row.depth,
+        is_leaf=row.is_leaf, raw_shares=row.raw_shares, norm_shares=row.norm_shares, raw_usage=row.raw_usage,
+        norm_usage=row.norm_usage, effective_usage=row.effective_usage,
+        level_fs="inf" if level is not None and math.isinf(level) else level, factor=row.factor,
+    )  # fmt: skip
+
+
+class FairShareCalculator:
+    def __init__(self, settings: Settings, admin_log: AdminLog, db: Database | None = None) -> None:
+        self.settings = settings
+        self.admin_log = admin_log
+        self.db = db
+        self.usage = UsageLedger()
+        self.latest: Snapshot | None = None
+        self._fresh: Snapshot | None = None  # computed for admission between published ones
+        self._lag = LagWatch(every_s=0.2)  # a snapshot waits for this: check often
+        self.caught_up = self._lag.caught_up
+        # Set once a snapshot taken after catching up is published: budgets and factors from a
+        # half-replayed ledger would admit what the full one refuses.
+        self.ready = threading.Event()
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self._published_key: tuple[int, int, int] | None = None
+        self._changes = 0  # bumped by every revision taken: a new snapshot is due
+        self._policies: dict[str, int] = {}  # policy id -> effective from, as last priced
+
+    # -- the maths on the current state (pure of Kafka) ----------------------------------------
+    def compute(self) -> FairShareResult:
+        s = self.settings
+        with self.lock:
+            clock = self.usage.clock
+            hours = self.usage.project_hours()
+        resets = [quarter_start(clock)] if s.fairshare_reset == "quarterly" and clock else []
+        usage = decayed_usage(hours, clock, s.fairshare_half_life_s, resets)
+        tree, leaves = share_tree(self.admin_log.state.nodes, usage)
+        return compute_fairshare(tree, leaves, Algorithm(s.fairshare_algorithm))
+
+    def snapshot(self) -> Snapshot:
+        version = len(self.admin_log.state.history)  # read first: a change during compute is seen later
+        result = self.compute()
+        algorithm = self.settings.fairshare_algorithm
+        records = tuple(record_of(row, self.usage.clock, algorithm) for row in result.rows())
+        return Snapshot(self.usage.clock, algorithm, records, version)
+
+    def current_factors(self) -> dict[str, float]:
+        """The factors admission decides with: the latest snapshot's, unless the tree or a policy
+        changed since it was taken; then computed here, so a decision never uses a tree the admin
+        log no longer holds (the published stream follows on the loop's next turn)."""
+        version = len(self.admin_log.state.history)
+        for snapshot in (self.latest, self._fresh):
+            if snapshot is not None and snapshot.admin_version == version:
+                return snapshot.factors
+        if self.latest is None:
+            return {}
+        self._fresh = self.snapshot()
+        return self._fresh.factors
+
+    def take(self, values: list[bytes]) -> bool:
+        """Fold ledger-entry records (values) into the usage; True if anything changed."""
+        timeline = self.admin_log.timeline()
+        policies = {p.policy_id: p.effective_from for p in self.admin_log.state.policies.values()}
+        entries = []
+        for value in values:
+            try:
+                entries.extend(decode_entries(value))
+            except (ValueError, TypeError):
+                continue  # the ledger writer dead-letters these; fair share just skips them
+        changed = False
+        with self.lock:
+            fresh = [at for pid, at in policies.items() if pid not in self._policies]
+            if fresh:
+                changed |= self.usage.reprice(timeline, min(fresh)) > 0
+                self._policies = policies
+            for entry in newest_per_entry(entries).values():
+                changed |= self.usage.apply(entry, timeline)
+            self._changes += changed
+        return changed
+
+    # -- the loop ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="fairshare", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run(self._stop)
+                self.last_error = None
+            except Exception as exc:  # Kafka away: retry; the state is rebuilt from the topic
+                self.last_error = repr(exc)
+                log.exception("fairshare_failed", error=repr(exc))
+                self._stop.wait(2.0)
+
+    def run(self, stop: threading.Event) -> None:
+        s = self.settings
+        consumer, partitions = replaying_consumer(
+            s.kafka_bootstrap_servers,
+            s.ledger_entries_topic,
+            client_id="allmende-fairshare",
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
+        producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, acks="all", linger_ms=20)
+        with self.lock:
+            self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
+            self._policies = {}
+        self.caught_up.clear()
+        self.ready.clear()
+        try:
+            last_publish = 0.0
+            while not stop.is_set():
+                polled = consumer.poll(timeout_ms=200, max_records=20_000)
+                self.admin_log.catch_up()
+                values = [r.value for records in polled.values() for r in records]
+                self.take(values)  # also when empty: a new policy re-prices what it covers
+                behind = self._lag.check(consumer, partitions)
+                if behind is not None:
+                    LAG.set(sum(behind.values()))
+                key = (self.usage.clock, self._changes, len(self.admin_log.state.history))
+                first = self.caught_up.is_set() and not self.ready.is_set()
+                # A new tree or policy is published at once; usage changes at most every publish_s.
+                admin_changed = self._published_key is not None and key[2] != self._published_key[2]
+                due = first or admin_changed or time.monotonic() - last_publish >= s.fairshare_publish_s
+                if (key != self._published_key or first) and due:
+                    # Checked now, not up to every_s ago: the flag a snapshot carries must be true
+                    # of the records it folds in (another partition may have moved on since).
+                    self._lag.check(consumer, partitions, force=True)
+                    caught_up = self.caught_up.is_set()
+                    try:
+                        self.publish(producer, key, caught_up)
+                        if caught_up:
+                            self.ready.set()
+                        self.last_error = None
+                    except Exception as exc:  # one bad snapshot must not stop the stream
+                        self.last_error = repr(exc)
+                        log.exception("fairshare_snapshot_failed", error=repr(exc))
+                    last_publish = time.monotonic()
+        finally:
+            consumer.close(autocommit=False)
+            producer.close(timeout=5)
+
+    def publish(
+        self, producer: KafkaProducer, key: tuple[int, int, int], caught_up: bool = False
+    ) -> Snapshot:
+        snapshot = replace(self.snapshot(), caught_up=caught_up)
+        for record in snapshot.records:
+            producer.send(self.settings.fairshare_topic, key=record.node_id.encode(), value=record.to_json())
+        producer.flush()
+        if self.db is not None:
+            self.db.insert("fairshare_history", [_history_row(r) for r in snapshot.records], _HISTORY_COLUMNS)
+        for record in snapshot.records:
+            if record.is_leaf:
+                FACTOR.labels(project=record.node_id).set(record.factor)
+        self.latest = snapshot
+        self._published_key = key
+        SNAPSHOTS.inc()
+        log.info("fairshare_published", as_of=snapshot.as_of, nodes=len(snapshot.records))
+        return snapshot
+
+
+def _history_row(r: FairShareRecord) -> tuple[object, ...]:
+    level = math.inf if r.level_fs == "inf" else r.level_fs
+    return (
+        r.as_of, r.algorithm, r.node_id, r.parent_id or "", r.depth, r.is_leaf, str(r.raw_shares),
+        r.norm_shares, r.raw_usage, r.norm_usage, r.effective_usage, level, r.factor,
+    )  # fmt: skip
