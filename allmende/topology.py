@@ -1,1 +1,218 @@
-"""Which components run in which process: declared here, apart from HTTP (see the README)."""
+"""Which components run in which process: declared here, apart from HTTP.
+
+A deployment runs three kinds of process (`PROCESSES`); the one-box default (`allmende up`) is
+one of each, with embedded ClickHouse. The API process runs, besides its routes, the in-process
+components its roles name (`API_ROLES`, each a switch in the settings; `allmende serve --role`
+picks them). With embedded chDB the ledger writer must be one of them: one process owns the data
+directory, so the writer lives beside the API that reads what it writes. With a ClickHouse server,
+run writers apart (`allmende writer`, ALLMENDE_WRITER_ENABLED=false on the API side).
+
+`running_components` builds and stops the components of an API process in dependency order;
+`create_app` is that process: the HTTP app (`allmende.services.api.app`) with the components in
+its lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+
+from allmende.core.clickhouse import Database
+from allmende.core.gc_pauses import freeze_long_lived
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.logs import configure_logging
+from allmende.core.settings import Settings
+from allmende.domain.squatting import SquatRule
+from allmende.services.admin_service import AdminService
+from allmende.services.admission_service import AdmissionService
+from allmende.services.api.app import build_api
+from allmende.services.api.auth import TokenBook
+from allmende.services.api.dashboard_views import DashboardViews
+from allmende.services.burn_alerts import BurnAlerter
+from allmende.services.dashboard_queries import DashboardQueries
+from allmende.streams.admin_log import AdminLog
+from allmende.streams.fairshare_calculator import FairShareCalculator
+from allmende.streams.ledger_writer import LedgerWriter
+
+log = structlog.get_logger(__name__)
+
+# The processes of a deployment, and the command that runs each.
+PROCESSES = {
+    "api": "allmende serve: the HTTP API and pages, with the in-process roles below",
+    "meter": "allmende worker: job events -> ledger entries (faust; any number share the partitions)",
+    "writer": "allmende writer: ledger entries -> ClickHouse, when not in the API process",
+}
+# The API process's roles beside HTTP, and the setting that switches each. Admission spends
+# budgets from the fair-share calculator's usage, so admission runs the calculator too.
+API_ROLES = {
+    "writer": "writer_enabled",
+    "fairshare": "fairshare_enabled",
+    "admission": "admission_enabled",
+    "alerts": "alerts_enabled",
+}
+ADMIN_FOLLOW_S = 0.5  # how stale the dashboards' admin state may be (commands here show at once)
+
+
+def with_roles(settings: Settings, roles: set[str]) -> Settings:
+    """`settings` with exactly `roles` switched on in the API process."""
+    unknown = roles - API_ROLES.keys()
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join(API_ROLES)}")
+    return settings.model_copy(update={flag: role in roles for role, flag in API_ROLES.items()})
+
+
+async def _every(every_s: float, what: str, work: Any) -> None:
+    """Run `work()` every `every_s` seconds; a failure (Kafka or ClickHouse away) waits for the next round."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await work()
+        except Exception as exc:
+            log.warning(f"{what}_failed", error=repr(exc))
+
+
+async def _release_due(service: AdmissionService) -> None:
+    """Release the holds of jobs that ended or never started; decisions the log did not take
+    (Kafka away) are sent again first."""
+    if failed := await service.record_unrecorded():
+        log.warning("admission_decisions_unrecorded", jobs=failed)
+    await service.release_due()
+
+
+@dataclass
+class Components:
+    """What one API process runs beside its routes (None: that role is off)."""
+
+    db: Database
+    store: LedgerStore
+    tokens: TokenBook
+    admin_log: AdminLog
+    admin: AdminService
+    dashboard: DashboardViews
+    writer: LedgerWriter | None = None
+    fairshare: FairShareCalculator | None = None
+    admission: AdmissionService | None = None
+    alerter: BurnAlerter | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def running_components(s: Settings) -> AsyncIterator[Components]:
+    """Start the API process's components in dependency order; stop them in reverse."""
+    db = Database(s.clickhouse_dsn, s.clickhouse_database)
+    await run_in_threadpool(db.migrate)
+    # Embedded chDB has one owning process: with the writer here, every posting passes this store.
+    store = LedgerStore(db, sole_writer=s.writer_enabled and db.embedded)
+    await run_in_threadpool(ensure_topics, s)
+    admin_log = AdminLog(s)
+    writer = None
+    if s.writer_enabled:
+        # One admin log for both: a policy the API publishes is the writer's next price list.
+        writer = LedgerWriter(s, store, admin_log=admin_log)
+        writer.start()
+    await run_in_threadpool(admin_log.catch_up)
+    fairshare = None
+    if s.fairshare_enabled or s.admission_enabled:
+        fairshare = FairShareCalculator(s, admin_log, db)
+        fairshare.start()
+    admission = None
+    if s.admission_enabled:
+        assert fairshare is not None
+        admission = AdmissionService(s, admin_log, fairshare)
+        await admission.start()
+        # Serve once budgets and fair share reflect the whole ledger (admission refuses until
+        # then): bounded, so a slow replay still lets the other routes answer.
+        await run_in_threadpool(fairshare.ready.wait, s.startup_replay_timeout_s)
+    admin = AdminService(
+        admin_log, store, writer, expiry_grace_s=s.expiry_grace_s,
+        held=admission.held_units if admission is not None else None,
+    )  # fmt: skip
+    dashboard = DashboardViews(
+        admin, DashboardQueries(db), SquatRule.of(s.squat_max_utilization, s.squat_grace_s),
+        admission=admission, fairshare=fairshare,
+    )  # fmt: skip
+    alerter = None
+    if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
+        alerter = BurnAlerter(s, dashboard.project_burns)
+        await alerter.start()
+    loops: list[Coroutine[Any, Any, None]] = [
+        # Expire allocations whose period has ended; the events' ids make a repeat harmless.
+        _every(s.expiry_check_s, "expiry", lambda: run_in_threadpool(admin.expire_due)),
+        # Keep the admin state the dashboards read caught up with the log.
+        _every(ADMIN_FOLLOW_S, "admin_follow", lambda: run_in_threadpool(admin_log.catch_up)),
+    ]
+    if admission is not None:
+        # Often, so releases come in small batches instead of one burst that would stall the
+        # decisions waiting behind it.
+        loops.append(_every(0.25, "hold_release", lambda: _release_due(admission)))
+    components = Components(
+        db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
+        writer=writer, fairshare=fairshare, admission=admission, alerter=alerter,
+        tasks=[asyncio.create_task(loop) for loop in loops],
+    )  # fmt: skip
+    log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
+    freeze_long_lived()  # the replayed projections: out of every later full collection
+    try:
+        yield components
+    finally:
+        for task in components.tasks:
+            task.cancel()
+        if alerter is not None:
+            await alerter.stop()
+        if admission is not None:
+            await admission.stop()
+        if fairshare is not None:
+            await run_in_threadpool(fairshare.stop)
+        if writer is not None:
+            await run_in_threadpool(writer.stop)
+        await run_in_threadpool(admin_log.close)
+
+
+def run_writer(s: Settings) -> None:
+    """The standalone ledger writer process (`allmende writer`), until SIGTERM or SIGINT."""
+    import signal
+    import threading
+
+    from allmende.core.metrics import serve_metrics
+
+    db = Database(s.clickhouse_dsn, s.clickhouse_database)
+    db.migrate()
+    ensure_topics(s)
+    serve_metrics(s, "writer", s.writer_metrics_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The API process: the HTTP app, with its components started and stopped in its lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        s = settings or Settings()
+        configure_logging(s)
+        async with running_components(s) as components:
+            # The routes' dependencies (services/api/deps.py) read them from the app's state.
+            for name in (
+                "store",
+                "tokens",
+                "writer",
+                "fairshare",
+                "admission",
+                "admin",
+                "dashboard",
+                "alerter",
+            ):
+                setattr(app.state, name, getattr(components, name))
+            yield
+
+    return build_api(lifespan)

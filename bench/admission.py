@@ -63,12 +63,10 @@ import orjson
 from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from allmende.core.kafka_local import free_port
+from allmende.services.api.routes_admission import AdmissionRequest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from allmende.core.kafka_local import free_port  # noqa: E402
-from allmende.services.api.routes_admission import AdmissionRequest  # noqa: E402
-
 ADMIN_TOKEN = "bench-admin-secret"
 SCHEDULER_TOKEN = "bench-sched-secret"
 PROJECTS = ("alpha", "beta", "gamma", "delta")
@@ -713,7 +711,7 @@ def main() -> None:
                 "ALLMENDE_ADMISSION_START_DEADLINE_S": str(args.start_deadline),
             }
             api_log, trivial_log = tmp / "api.log", tmp / "trivial.log"
-            api_argv = [sys.executable, "-m", "allmende.cli.main", "serve", "--port", str(api_port)]
+            api_argv = [sys.executable, "-m", "allmende", "serve", "--port", str(api_port)]
             api = stack.enter_context(server(api_argv, env, server_core, api_log))
             trivial_argv = [
                 sys.executable,

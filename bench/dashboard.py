@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -37,18 +36,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from allmende.core.clickhouse import Database  # noqa: E402
-from allmende.core.kafka_topics import ensure_topics  # noqa: E402
-from allmende.core.settings import Settings  # noqa: E402
-from allmende.domain.metering import JobMeter  # noqa: E402
-from allmende.domain.postings import newest_per_entry  # noqa: E402
-from allmende.domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders  # noqa: E402
-from allmende.schemas.ledger import encode_entries  # noqa: E402
-from allmende.services.api.app import create_app  # noqa: E402
-from allmende.testing.budget_harness import (  # noqa: E402
+from allmende.core.clickhouse import Database
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.settings import Settings
+from allmende.domain.metering import JobMeter
+from allmende.domain.postings import newest_per_entry
+from allmende.domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders
+from allmende.schemas.ledger import encode_entries
+from allmende.testing.budget_harness import (
     ADMIN,
     SCHEDULER,
     FakeClock,
@@ -57,7 +52,9 @@ from allmende.testing.budget_harness import (  # noqa: E402
     set_clock,
     with_tokens,
 )
+from allmende.topology import create_app
 
+ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
 CLOCK = 1_620_000_000  # 2021-05-03T00:00:00Z: the admin services' clock, after the trace's last job
 ENTRIES_PER_RECORD = 400  # a long job's entries in several records, each well under Kafka's 1 MB

@@ -14,9 +14,6 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allmende.streams.meter_worker import loop_policy, select_loop, tune_gc  # imports no faust
 

@@ -28,18 +28,16 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
+from allmende.core.clickhouse import Database
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.replay import make_producer, publish, timeline
+from allmende.core.settings import Settings
+from allmende.domain.traces import TraceFormat, read_trace
+from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.harness import MeterWorker, wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from allmende.core.clickhouse import Database  # noqa: E402
-from allmende.core.kafka_topics import ensure_topics  # noqa: E402
-from allmende.core.ledger_store import LedgerStore  # noqa: E402
-from allmende.core.replay import make_producer, publish, timeline  # noqa: E402
-from allmende.core.settings import Settings  # noqa: E402
-from allmende.domain.traces import TraceFormat, read_trace  # noqa: E402
-from allmende.streams.ledger_writer import LedgerWriter  # noqa: E402
-from allmende.testing.harness import MeterWorker, wait_until  # noqa: E402
-
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
 
 

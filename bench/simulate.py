@@ -17,34 +17,31 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-
-from allmende.core.kafka_local import broker_for_run  # noqa: E402
-from allmende.core.logs import configure_logging  # noqa: E402
-from allmende.core.settings import Settings  # noqa: E402
-from allmende.domain.plan_file import parse_plan  # noqa: E402
-from allmende.domain.simulation.behaviours import Behaviours, workload  # noqa: E402
-from allmende.domain.simulation.engine import Simulation  # noqa: E402
-from allmende.domain.simulation.from_plan import clusters_from_plan  # noqa: E402
-from allmende.domain.simulation.interfaces import SimEvent, Sink  # noqa: E402
-from allmende.domain.simulation.policies import class_prices, engine_config  # noqa: E402
-from allmende.domain.traces import TraceFormat, read_trace  # noqa: E402
-from allmende.schemas.events import JobFinished  # noqa: E402
-from allmende.simulator.pipeline import (  # noqa: E402
+from allmende.core.kafka_local import broker_for_run
+from allmende.core.logs import configure_logging
+from allmende.core.settings import Settings
+from allmende.domain.plan_file import parse_plan
+from allmende.domain.simulation.behaviours import Behaviours, workload
+from allmende.domain.simulation.engine import Simulation
+from allmende.domain.simulation.from_plan import clusters_from_plan
+from allmende.domain.simulation.interfaces import SimEvent, Sink
+from allmende.domain.simulation.policies import class_prices, engine_config
+from allmende.domain.traces import TraceFormat, read_trace
+from allmende.schemas.events import JobFinished
+from allmende.simulator.pipeline import (
     replay_through_pipeline,
     run_settings,
     simulate_through_pipeline,
 )
-from allmende.simulator.platform import PlanAdmin, PlatformPolicy  # noqa: E402
+from allmende.simulator.platform import PlanAdmin, PlatformPolicy
 
+ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "philly" / "philly_jobs_15000.csv"
 PLAN = ROOT / "examples" / "plans" / "philly-2017.yaml"
 

@@ -52,14 +52,10 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from allmende.core.kafka_local import broker_for_run  # noqa: E402
-from allmende.core.settings import Settings  # noqa: E402
-from allmende.services.api.app import create_app  # noqa: E402
-from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens  # noqa: E402
-from allmende.testing.slurm_harness import (  # noqa: E402
+from allmende.core.kafka_local import broker_for_run
+from allmende.core.settings import Settings
+from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
+from allmende.testing.slurm_harness import (
     JOB_SUBMIT_LUA,
     PLAN,
     PLATFORM_CLUSTER,
@@ -68,7 +64,9 @@ from allmende.testing.slurm_harness import (  # noqa: E402
     current_quarter,
     running_slurm,
 )
+from allmende.topology import create_app
 
+ROOT = Path(__file__).resolve().parents[1]
 NOOP_LUA = """-- bench/slurm_submit.py: admits every job without asking anything
 function slurm_job_submit(job_desc, part_list, submit_uid)
   return slurm.SUCCESS

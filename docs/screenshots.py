@@ -24,12 +24,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import httpx
+from playwright.sync_api import Page, sync_playwright
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-from playwright.sync_api import Page, sync_playwright  # noqa: E402
-
 VIEWPORT = {"width": 1366, "height": 768}
 
 

@@ -103,13 +103,25 @@ def worker() -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="bind address (ALLMENDE_API_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (ALLMENDE_API_PORT)")] = None,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="run only these roles beside HTTP (repeat): writer, fairshare, admission, alerts; "
+            "default: as the settings say (all, one box)"
+        ),
+    ] = None,
 ) -> None:
-    """Run the API; with embedded ClickHouse it also runs the ledger writer."""
+    """Run the API process: HTTP, pages, and its roles (with embedded ClickHouse, the ledger writer)."""
     import uvicorn
 
-    from allmende.services.api.app import create_app
+    from allmende.topology import create_app, with_roles
 
     s = _settings()
+    if role:
+        try:
+            s = with_roles(s, set(role))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--role") from None
     uvicorn.run(
         create_app(s), host=host or s.api_host, port=port or s.api_port, log_config=None, access_log=False
     )
@@ -118,24 +130,9 @@ def serve(
 @app.command()
 def writer() -> None:
     """Run a standalone ledger writer (ClickHouse server mode; embedded mode runs it in `serve`)."""
-    import signal
-    import threading
+    from allmende.topology import run_writer
 
-    from allmende.core.clickhouse import Database
-    from allmende.core.kafka_topics import ensure_topics
-    from allmende.core.ledger_store import LedgerStore
-    from allmende.core.metrics import serve_metrics
-    from allmende.streams.ledger_writer import LedgerWriter
-
-    s = _settings()
-    db = Database(s.clickhouse_dsn, s.clickhouse_database)
-    db.migrate()
-    ensure_topics(s)
-    serve_metrics(s, "writer", s.writer_metrics_port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+    run_writer(_settings())
 
 
 @app.command()

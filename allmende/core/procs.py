@@ -40,13 +40,13 @@ def running(run_dir: Path, name: str) -> int | None:
 
 
 def start(run_dir: Path, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
-    """Start `python -m allmende.cli.main <args>` detached, logging to run_dir/<name>.log."""
+    """Start `python -m allmende <args>` detached, logging to run_dir/<name>.log."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if (pid := running(run_dir, name)) is not None:
         return pid
     with (run_dir / f"{name}.log").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "allmende.cli.main", *args],
+            [sys.executable, "-m", "allmende", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from allmende.core.settings import Settings
 from allmende.services.admin_service import AdminService
-from allmende.services.api.app import create_app
+from allmende.topology import create_app
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 ALICE = {"Authorization": "Bearer alice-secret"}

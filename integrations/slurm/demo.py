@@ -16,7 +16,7 @@ when a time-slice project needs the GPUs; interactive; over budget and refused; 
 node that is drained) and prints, per job, what the platform decided, how Slurm ended it and what
 the ledger charged against what `sacct` accounts. Everything stops at the end unless `--keep`.
 
-The API process is `services.api.app.create_app` as `allmende serve` runs it, plus one read-only
+The API process is `allmende.topology.create_app` as `allmende serve` runs it, plus one read-only
 route of the demo's own (`GET /demo/ledger`, admin token): the ledger's GPU-seconds per job and
 the admission decisions, which the public API does not list per job.
 """
@@ -230,7 +230,7 @@ def serve_platform() -> None:
 
     from allmende.core.logs import configure_logging
     from allmende.core.settings import Settings
-    from allmende.services.api.app import create_app
+    from allmende.topology import create_app
 
     settings = Settings()
     configure_logging(settings)

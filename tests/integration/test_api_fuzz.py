@@ -38,9 +38,9 @@ from schemathesis.core.result import Err
 
 from allmende.core.settings import Settings
 from allmende.schemas.events import JobEvent, JobStarted, JobSubmitted
-from allmende.services.api.app import create_app
 from allmende.testing.budget_harness import FakeClock, ok, plan_text, set_clock
 from allmende.testing.harness import send_events, wait_until
+from allmende.topology import create_app
 from tests.integration.test_admission import PLAN as ADMISSION_PLAN
 
 pytestmark = pytest.mark.integration

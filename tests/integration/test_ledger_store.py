@@ -14,10 +14,10 @@ from allmende.domain.metering import JobMeter
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import JobFinished, JobStarted, JobSubmitted, JobUsageSample, PriorityClass
 from allmende.schemas.ledger import encode_entries
-from allmende.services.api.app import create_app
 from allmende.services.dashboard_queries import DashboardQueries
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, with_tokens
+from allmende.topology import create_app
 
 pytestmark = pytest.mark.integration
 

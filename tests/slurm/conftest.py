@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from allmende.core.settings import Settings
-from allmende.services.api.app import create_app
 from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
 from allmende.testing.harness import MeterWorker
 from allmende.testing.slurm_harness import (
@@ -32,6 +31,7 @@ from allmende.testing.slurm_harness import (
     quarter_bounds,
     running_slurm,
 )
+from allmende.topology import create_app
 
 
 @pytest.fixture(scope="session")
