@@ -39,9 +39,10 @@ from rich.table import Table
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.settings import Settings
+from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.postings import newest_per_entry
-from allmende.domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders
+from allmende.domain.traces import TraceFormat, TraceJob, job_events, with_idle_placeholders
 from allmende.schemas.ledger import encode_entries
 from allmende.testing.budget_harness import (
     ADMIN,

@@ -33,7 +33,8 @@ from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.replay import make_producer, publish, timeline
 from allmende.core.settings import Settings
-from allmende.domain.traces import TraceFormat, read_trace
+from allmende.core.trace_files import read_trace
+from allmende.domain.traces import TraceFormat
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.harness import MeterWorker, wait_until
 

@@ -26,13 +26,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from allmende.core.kafka_local import broker_for_run
 from allmende.core.logs import configure_logging
 from allmende.core.settings import Settings
+from allmende.core.trace_files import read_trace
 from allmende.domain.plan_file import parse_plan
 from allmende.domain.simulation.behaviours import Behaviours, workload
 from allmende.domain.simulation.engine import Simulation
 from allmende.domain.simulation.from_plan import clusters_from_plan
 from allmende.domain.simulation.interfaces import SimEvent, Sink
 from allmende.domain.simulation.policies import class_prices, engine_config
-from allmende.domain.traces import TraceFormat, read_trace
+from allmende.domain.traces import TraceFormat
 from allmende.schemas.events import JobFinished
 from allmende.simulator.pipeline import (
     replay_through_pipeline,

@@ -1,4 +1,5 @@
-"""Real cluster traces -> job lifecycle events (pure: files in, events out).
+"""Real cluster traces -> job lifecycle events (pure: CSV rows in, events out; the files are read by
+`allmende.core.trace_files`).
 
 Formats (see ../shared/data/traces/README.md):
 - elasticflow: `job_id,submission_time,duration,num_gpu`, one CSV per cluster (plain or inside
@@ -15,14 +16,10 @@ so a replay is the same every time. Events get deterministic ids `<job>:<kind>:<
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
-import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from pathlib import Path
 
 from allmende.schemas.events import (
     FinishStatus,
@@ -88,35 +85,19 @@ def project_for_user(fmt: TraceFormat, user: str) -> str:
     return f"{fmt.value}-team-{bucket % PROJECTS_PER_TRACE:02d}"
 
 
-def _csv_sources(path: Path, cluster: str | None) -> Iterator[tuple[str, io.TextIOBase]]:
-    if path.name.endswith((".tar.gz", ".tgz")):
-        with tarfile.open(path, "r:gz") as tar:
-            for member in sorted(tar.getmembers(), key=lambda m: m.name):
-                name = Path(member.name).name
-                if not name.endswith(".csv") or (cluster and name != f"{cluster}.csv"):
-                    continue
-                raw = tar.extractfile(member)
-                if raw is not None:
-                    yield name[:-4], io.TextIOWrapper(raw, encoding="utf-8")
-    else:
-        with path.open(encoding="utf-8", newline="") as fh:
-            yield path.stem, fh
-
-
-def read_trace(
-    path: Path,
+def trace_jobs(
+    sources: Iterable[tuple[str, Iterable[Mapping[str, str]]]],
     fmt: TraceFormat,
-    cluster: str | None = None,
     limit: int | None = None,
     stats: TraceStats | None = None,
 ) -> Iterator[TraceJob]:
-    """Jobs of a trace file in file order; `cluster` picks one CSV of the ElasticFlow tarball."""
+    """Jobs of a trace in file order, from each CSV's name (the cluster, for ElasticFlow) and rows."""
     stats = stats if stats is not None else TraceStats()
     epoch, gpu_type = EPOCHS[fmt], GPU_TYPES[fmt]
     emitted = 0
-    for name, fh in _csv_sources(path, cluster):
+    for name, rows in sources:
         submitted = 0
-        for row in csv.DictReader(fh):
+        for row in rows:
             if limit is not None and emitted >= limit:
                 return
             stats.rows += 1

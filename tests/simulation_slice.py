@@ -6,11 +6,12 @@ import functools
 from collections.abc import Iterable
 from pathlib import Path
 
+from allmende.core.trace_files import read_trace
 from allmende.domain.plan_file import Plan, parse_plan
 from allmende.domain.simulation.behaviours import Behaviours, workload
 from allmende.domain.simulation.model import HostFailure, SimJob
 from allmende.domain.simulation.policies import class_prices
-from allmende.domain.traces import TraceFormat, TraceJob, read_trace
+from allmende.domain.traces import TraceFormat, TraceJob
 
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly" / "philly_jobs_15000.csv"

@@ -160,7 +160,8 @@ def replay(
     """Turn a real trace into job lifecycle events on Kafka."""
     from allmende.core.kafka_topics import ensure_topics
     from allmende.core.replay import make_producer, publish, timeline
-    from allmende.domain.traces import TraceFormat, TraceStats, read_trace, with_idle_placeholders
+    from allmende.core.trace_files import read_trace
+    from allmende.domain.traces import TraceFormat, TraceStats, with_idle_placeholders
 
     try:
         fmt = TraceFormat(format)
@@ -292,7 +293,8 @@ def demo(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the ledger")] = 600,
 ) -> None:
     """Start the platform, apply a quarter plan, replay a real trace, wait for the exact ledger."""
-    from allmende.domain.traces import TraceFormat, read_trace
+    from allmende.core.trace_files import read_trace
+    from allmende.domain.traces import TraceFormat
 
     if not trace.exists():
         raise typer.BadParameter(f"trace {trace} not found (expected ../shared/data/traces)")

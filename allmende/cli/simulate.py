@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from allmende.cli.simulation_tables import render_comparison, render_report
 from allmende.core.settings import Settings
+from allmende.core.trace_files import read_trace
 from allmende.domain.plan_file import Plan, PlanInvalid, parse_plan
 from allmende.domain.simulation.behaviours import Behaviours, workload
 from allmende.domain.simulation.cluster import host_name
@@ -34,7 +35,7 @@ from allmende.domain.simulation.interfaces import Policy, SimEvent, Sink
 from allmende.domain.simulation.model import HostFailure, SimJob, SimulationError
 from allmende.domain.simulation.policies import POLICIES, PolicyArgs, class_prices, engine_config
 from allmende.domain.simulation.report import SimulationReport, build_report
-from allmende.domain.traces import TraceFormat, TraceJob, TraceStats, read_trace
+from allmende.domain.traces import TraceFormat, TraceJob, TraceStats
 from allmende.schemas.events import JobFinished
 
 HOUR_S = 3600

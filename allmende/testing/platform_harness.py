@@ -18,7 +18,8 @@ import httpx
 
 from allmende.core.replay import make_producer, publish, timeline
 from allmende.core.settings import Settings
-from allmende.domain.traces import TraceFormat, TraceJob, read_trace
+from allmende.core.trace_files import read_trace
+from allmende.domain.traces import TraceFormat, TraceJob
 from allmende.schemas.events import (
     FinishStatus,
     JobEvent,

@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from allmende.core.kafka_local import free_port
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.replay import make_producer, publish, timeline
+from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
-from allmende.domain.traces import TraceFormat, TraceJob, job_events, read_trace, with_idle_placeholders
+from allmende.domain.traces import TraceFormat, TraceJob, job_events, with_idle_placeholders
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import JobEvent, encode_event
 from allmende.testing.harness import Pipeline, read_topic, send_events, send_raw, wait_until

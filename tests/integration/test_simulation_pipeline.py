@@ -13,11 +13,12 @@ from typer.testing import CliRunner
 
 from allmende.cli.main import app
 from allmende.core.settings import Settings
+from allmende.core.trace_files import read_trace
 from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
 from allmende.domain.simulation.engine import EngineConfig, Simulation
 from allmende.domain.simulation.from_plan import clusters_from_plan, project_shares
 from allmende.domain.simulation.interfaces import Sink
-from allmende.domain.traces import TraceFormat, read_trace
+from allmende.domain.traces import TraceFormat
 from allmende.simulator.pipeline import run_settings, simulate_through_pipeline
 from allmende.simulator.platform import PlanAdmin, PlatformPolicy
 from tests.simulation_slice import HOUR, ON_CALL_S, PHILLY, behaviours, jobs, plan, plan_text

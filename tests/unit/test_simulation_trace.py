@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.plan_file import parse_plan
 from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
@@ -18,7 +19,7 @@ from allmende.domain.simulation.from_plan import clusters_from_plan, project_sha
 from allmende.domain.simulation.interfaces import ListSink, SimEvent
 from allmende.domain.simulation.model import TOP_CLASS, ClusterSize, HostFailure, RunEnd, SimulationResult
 from allmende.domain.simulation.report import SimulationReport, build_report
-from allmende.domain.traces import TraceFormat, TraceJob, read_trace
+from allmende.domain.traces import TraceFormat, TraceJob
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "data" / "traces"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.traces import (
     EPOCHS,
@@ -21,7 +22,6 @@ from allmende.domain.traces import (
     TraceStats,
     job_events,
     project_for_user,
-    read_trace,
     with_idle_placeholders,
 )
 from allmende.schemas.events import (
