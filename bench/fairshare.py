@@ -1,13 +1,14 @@
-"""Fair-share benchmark: full recompute and one incremental update on a large association tree.
+"""Fair-share benchmark: what the fair-share calculator computes at each snapshot.
 
 Builds a tree of `--depth` levels below the root with `--leaves` leaves (accounts fan out evenly,
 leaves are dealt round-robin to the deepest accounts), random raw shares and usage from a fixed
 seed, then times with time.perf_counter_ns:
 
-  full         classic_fairshare / fair_tree_fairshare over the whole tree (targets: 50 ms)
-  incremental  FairShareState.add_usage on a random leaf, then factor() of that leaf (target: 1 ms)
-  naive        the same event followed by a full recompute (FairShareState.result()): the baseline
-               the incremental path is compared with, measured in the same run
+  full      compute_fairshare over the whole tree, classic and Fair Tree (target: 50 ms)
+  snapshot  what the calculator runs per snapshot (`FairShareCalculator.compute`): decay every
+            project-hour of a quarter (`decayed_usage`, 150 projects), build the tree
+            (`share_tree`) and compute Fair Tree (`compute_fairshare`); beside it, the last
+            step alone
 
     .venv/bin/python bench/fairshare.py [--leaves 10000] [--depth 5] [--repeat 200] [--seed 7]
 """
@@ -19,29 +20,17 @@ import functools
 import math
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from allmende.domain.fairshare import (  # noqa: E402
-    DEFAULT_HALF_LIFE,
-    PARENT,
-    Algorithm,
-    FairShareState,
-    ShareNode,
-    Shares,
-    ShareTree,
-    classic_fairshare,
-    fair_tree_fairshare,
-)
-from allmende.domain.fairshare_usage import decayed_usage  # noqa: E402
+from allmende.domain.fairshare.compute import compute_fairshare
+from allmende.domain.fairshare.decay import DEFAULT_HALF_LIFE
+from allmende.domain.fairshare.options import Algorithm
+from allmende.domain.fairshare.tree import PARENT, ShareNode, Shares, ShareTree
+from allmende.domain.fairshare.usage import decayed_usage, share_tree
+from allmende.domain.organisation import Node
 
 FULL_TARGET_MS = 50.0
-INCREMENTAL_TARGET_MS = 1.0
 HOUR = 3600
 
 
@@ -94,71 +83,39 @@ def main() -> None:
     rng = random.Random(args.seed)
     tree, leaves = build_tree(args.leaves, args.depth, rng)
     usage = {leaf: rng.choice([0.0, rng.uniform(0, 5e6)]) for leaf in leaves}
-    t0 = 1_700_000_000
     print(
         f"tree: {len(tree)} nodes, {len(leaves)} leaves, depth {args.depth}, "
         f"{sum(1 for v in usage.values() if v)} leaves with usage; repeat {args.repeat}, seed {args.seed}"
     )
 
     rows: list[tuple[str, float, float, float]] = []
-    full_median: dict[Algorithm, float] = {}
-    for algorithm, compute in (
-        (Algorithm.CLASSIC, classic_fairshare),
-        (Algorithm.FAIR_TREE, fair_tree_fairshare),
-    ):
-        median, p99 = timed(args.repeat, functools.partial(compute, tree, usage))
-        full_median[algorithm] = median
-        rows.append((f"full recompute, {algorithm}", median, p99, FULL_TARGET_MS))
-
-    ratios: list[str] = []
     for algorithm in Algorithm:
-        state = FairShareState(tree, algorithm)
-        for leaf, amount in usage.items():
-            state.add_usage(leaf, amount, t0 - rng.randrange(14 * 24 * HOUR))
-        clock = [t0]
-
-        def one_event(state: FairShareState = state, clock: list[int] = clock, full: bool = False) -> float:
-            """One usage event on a random leaf, then that leaf's factor (or a full recompute)."""
-            clock[0] += rng.randrange(1, 60)
-            leaf = rng.choice(leaves)
-            state.add_usage(leaf, rng.uniform(0, 8 * HOUR), clock[0])
-            if full:
-                return state.result().factor(leaf)
-            return state.factor(leaf)
-
-        median, p99 = timed(args.repeat, one_event)
-        naive = functools.partial(one_event, state, clock, True)
-        naive_median, naive_p99 = timed(max(1, args.repeat // 4), naive)
-        rows.append((f"incremental update + factor, {algorithm}", median, p99, INCREMENTAL_TARGET_MS))
-        rows.append((f"naive update + full recompute, {algorithm}", naive_median, naive_p99, math.nan))
-        ratios.append(
-            f"{algorithm}: incremental / naive = {median / naive_median:.4f} "
-            f"({naive_median / median:.0f}x faster); "
-            f"incremental / full = {median / full_median[algorithm]:.4f}"
-        )
+        median, p99 = timed(args.repeat, functools.partial(compute_fairshare, tree, usage, algorithm))
+        rows.append((f"full recompute, {algorithm}", median, p99, FULL_TARGET_MS))
 
     width = max(len(name) for name, *_ in rows)
     print(f"{'figure':<{width}}  {'median ms':>10}  {'p99 ms':>10}  {'target ms':>10}  met")
     for name, median, p99, target in rows:
-        verdict = "-" if math.isnan(target) else ("yes" if p99 <= target else "NO")
-        target_text = "-" if math.isnan(target) else f"{target:.1f}"
-        print(f"{name:<{width}}  {median:>10.3f}  {p99:>10.3f}  {target_text:>10}  {verdict}")
-    for line in ratios:
-        print(line)
+        verdict = "yes" if p99 <= target else "NO"
+        print(f"{name:<{width}}  {median:>10.3f}  {p99:>10.3f}  {target:>10.1f}  {verdict}")
     stream_snapshot(rng, repeat=max(3, args.repeat // 20))
 
 
 def stream_snapshot(rng: random.Random, repeat: int, projects: int = 150, hours: int = 2190) -> None:
-    """What the calculator pays per snapshot: re-decay every project-hour of a quarter (150
-    projects, as at the institute), then a full Fair Tree recompute; beside it, the recompute alone."""
+    """What the calculator pays per snapshot (`FairShareCalculator.compute`, 150 projects as at the
+    institute): re-decay every project-hour of a quarter, build the tree, a full Fair Tree
+    recompute; beside it, the recompute alone."""
     clock = hours * HOUR
     usage_hours = {f"p{i}": {h: rng.randrange(1, 10**13) for h in range(hours)} for i in range(projects)}
-    tree = ShareTree([ShareNode(f"p{i}", "root", rng.randint(1, 100)) for i in range(projects)])
-    decayed = decayed_usage(usage_hours, clock, DEFAULT_HALF_LIFE)
-    snap_median, snap_p99 = timed(
-        repeat, lambda: fair_tree_fairshare(tree, decayed_usage(usage_hours, clock, DEFAULT_HALF_LIFE))
-    )
-    tree_median, _ = timed(repeat, functools.partial(fair_tree_fairshare, tree, decayed))
+    nodes = {f"p{i}": Node(f"p{i}", None, "project", rng.randint(1, 100), ()) for i in range(projects)}
+
+    def snapshot() -> object:
+        usage = decayed_usage(usage_hours, clock, DEFAULT_HALF_LIFE)
+        return compute_fairshare(*share_tree(nodes, usage), Algorithm.FAIR_TREE)
+
+    tree, leaves = share_tree(nodes, decayed_usage(usage_hours, clock, DEFAULT_HALF_LIFE))
+    snap_median, snap_p99 = timed(repeat, snapshot)
+    tree_median, _ = timed(repeat, functools.partial(compute_fairshare, tree, leaves, Algorithm.FAIR_TREE))
     print(
         f"calculator snapshot, {projects} projects x {hours} hours: median {snap_median:.1f} ms, "
         f"p99 {snap_p99:.1f} ms; the recompute alone {tree_median:.2f} ms "

@@ -2,7 +2,7 @@
 
 The ledger in ClickHouse is exact to the second; the admission service must not ask it on every
 request, so it keeps charge units per (hour, cluster, GPU type) from the ledger-entry stream
-(`domain.fairshare_usage.UsageLedger`). An hour is credited to the allocation segment its start
+(`domain.fairshare.usage.UsageLedger`). An hour is credited to the allocation segment its start
 falls in: exact for periods that begin and end on the hour (quarters, days), as plan files give.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from allmende.domain.admission_model import BudgetLine
 from allmende.domain.allocations import Allocation
 from allmende.domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
-from allmende.domain.fairshare_usage import BUCKET_S, Slot, UsageLedger
+from allmende.domain.fairshare.usage import BUCKET_S, Slot, UsageLedger
 
 
 class _SegmentSums:

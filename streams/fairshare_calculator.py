@@ -29,8 +29,10 @@ from allmende.core.clickhouse import Database
 from allmende.core.kafka_reading import LagWatch, replaying_consumer
 from allmende.core.settings import Settings
 from allmende.domain.allocations import quarter_start
-from allmende.domain.fairshare import Algorithm, FairShareResult, ShareRow, compute_fairshare
-from allmende.domain.fairshare_usage import UsageLedger, decayed_usage, share_tree
+from allmende.domain.fairshare.compute import compute_fairshare
+from allmende.domain.fairshare.options import Algorithm
+from allmende.domain.fairshare.result import FairShareResult, ShareRow
+from allmende.domain.fairshare.usage import UsageLedger, decayed_usage, share_tree
 from allmende.domain.postings import newest_per_entry
 from allmende.schemas.fairshare import FairShareRecord
 from allmende.schemas.ledger import decode_entries

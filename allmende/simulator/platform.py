@@ -26,7 +26,7 @@ from allmende.core.settings import Settings
 from allmende.domain.admin_state import AdminState
 from allmende.domain.admission_model import JobRequest, Lane
 from allmende.domain.charging import PolicyTimeline
-from allmende.domain.fairshare_usage import UsageLedger
+from allmende.domain.fairshare.usage import UsageLedger
 from allmende.domain.metering import JobMeter
 from allmende.domain.plan import diff
 from allmende.domain.plan_file import Plan

@@ -10,8 +10,9 @@ import pytest
 from kafka import KafkaProducer
 
 from allmende.core.settings import Settings
-from allmende.domain.fairshare import Algorithm, compute_fairshare
-from allmende.domain.fairshare_usage import decayed_usage, share_tree
+from allmende.domain.fairshare.compute import compute_fairshare
+from allmende.domain.fairshare.options import Algorithm
+from allmende.domain.fairshare.usage import decayed_usage, share_tree
 from allmende.schemas.fairshare import FairShareRecord
 from allmende.testing.budget_harness import ADMIN, ok, plan_text, running_api
 from allmende.testing.harness import read_topic, wait_until

@@ -10,7 +10,7 @@ from allmende.domain.allocations import Allocation
 from allmende.domain.balances import ChargeRow, ProjectBalance, covering, project_balance, segments
 from allmende.domain.budget_view import ChargeRowsCache, live_balance
 from allmende.domain.charging import PolicyTimeline, flat_policy
-from allmende.domain.fairshare_usage import UsageLedger
+from allmende.domain.fairshare.usage import UsageLedger
 from allmende.schemas.ledger import LedgerEntry
 from tests.unit.admin_builders import DAY, Q1, T0, adjust, grant, transfer, utc, world
 

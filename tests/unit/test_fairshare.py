@@ -1,4 +1,4 @@
-"""Fair share: Slurm's classic and Fair Tree factors, decayed usage, and the incremental state."""
+"""Fair share: Slurm's classic and Fair Tree factors, over the tree, and the decay factor."""
 
 from __future__ import annotations
 
@@ -8,29 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allmende.domain.fairshare import (
-    Algorithm,
-    DecayedUsage,
-    FairShareResult,
-    FairShareState,
-    ShareNode,
-    Shares,
-    ShareTree,
-    ShareTreeInvalid,
-    UsageInvalid,
-    ZeroShares,
-    aggregate_usage,
-    classic_fairshare,
-    compute_fairshare,
-    decay_factor,
-    fair_tree_fairshare,
-)
+from allmende.domain.fairshare.classic import classic_fairshare
+from allmende.domain.fairshare.compute import compute_fairshare
+from allmende.domain.fairshare.decay import decay_factor
+from allmende.domain.fairshare.fair_tree import fair_tree_fairshare
+from allmende.domain.fairshare.options import Algorithm, ZeroShares
+from allmende.domain.fairshare.result import FairShareResult
+from allmende.domain.fairshare.sums import UsageInvalid, aggregate_usage
+from allmende.domain.fairshare.tree import ShareNode, Shares, ShareTree, ShareTreeInvalid
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
-HOUR = 3600
 DAY = 86_400
 WEEK = 7 * DAY
-T0 = 1_700_000_000
 
 
 def tree_of(*edges: tuple[str, str, Shares]) -> ShareTree:
@@ -119,28 +108,6 @@ def test_an_explicit_root_is_the_same_as_an_implied_one() -> None:
     assert explicit.depth("alice") == 2 and explicit.leaves == ("alice",)
 
 
-@pytest.mark.parametrize(
-    ("build", "message"),
-    [
-        (lambda: DecayedUsage(half_life=-1), "half-life"),
-        (lambda: DecayedUsage(half_life=1.5), "half-life"),  # type: ignore[arg-type]
-        (lambda: DecayedUsage().add(1.0, 1.5), "UTC Unix seconds"),  # type: ignore[arg-type]
-        (lambda: DecayedUsage(resets=[True]), "UTC Unix seconds"),
-        (lambda: FairShareState(SMALL).add_usage("acct", 1.0, 0), "usage is charged to leaves"),
-    ],
-    ids=[
-        "a negative half-life is refused",
-        "a fractional half-life is refused",
-        "a fractional time is refused",
-        "a bool as a reset instant is refused",
-        "usage on an account of a live state is refused",
-    ],
-)
-def test_invalid_decay_settings_and_times_are_refused(build: object, message: str) -> None:
-    with pytest.raises(UsageInvalid, match=message):
-        build()  # type: ignore[operator]
-
-
 # -- classic: the worked example -----------------------------------------------------------------
 
 # /work/shared/reference/fairshare-classic-example.md (Slurm's classic_fair_share.html). Its usage
@@ -186,13 +153,6 @@ EXAMPLE_EXPECTED = {
 }
 
 
-def example_state(algorithm: Algorithm) -> FairShareState:
-    state = FairShareState(EXAMPLE, algorithm, half_life=0)
-    for leaf, amount in EXAMPLE_USAGE.items():
-        state.add_usage(leaf, amount, T0)
-    return state
-
-
 @pytest.mark.parametrize("node", sorted(EXAMPLE_EXPECTED))
 def test_the_classic_worked_example_is_reproduced_to_six_decimals(node: str) -> None:
     shares, effective, factor = EXAMPLE_EXPECTED[node]
@@ -200,11 +160,6 @@ def test_the_classic_worked_example_is_reproduced_to_six_decimals(node: str) -> 
     assert round(row.norm_shares, 6) == shares
     assert round(row.effective_usage, 6) == effective
     assert round(row.factor, 6) == factor
-
-
-@pytest.mark.parametrize("node", sorted(EXAMPLE_EXPECTED))
-def test_the_incremental_classic_state_reproduces_the_worked_example(node: str) -> None:
-    assert round(example_state(Algorithm.CLASSIC).factor(node), 6) == EXAMPLE_EXPECTED[node][2]
 
 
 def test_the_classic_example_normalises_usage_by_the_roots_total() -> None:
@@ -408,13 +363,6 @@ SLURM_ZERO_SHARES_USAGE = {"a1": 10.0, "a2": 20.0, "a0": 10.0, "b1": 15.0, "z1":
 SLURM_ZERO_SHARES_RANKS = {"a1": 7, "a2": 6, "a0": 5, "b1": 4, "z2": 3, "z1": 2, "d1": 1}
 
 
-def zero_shares_state(zero_shares: ZeroShares) -> FairShareState:
-    state = FairShareState(SLURM_ZERO_SHARES, Algorithm.FAIR_TREE, half_life=0, zero_shares=zero_shares)
-    for leaf, amount in SLURM_ZERO_SHARES_USAGE.items():
-        state.add_usage(leaf, amount, T0)
-    return state
-
-
 def test_fair_tree_ranks_zero_share_users_and_accounts_last_among_their_siblings_as_slurm_does() -> None:
     result = fair_tree_fairshare(SLURM_ZERO_SHARES, SLURM_ZERO_SHARES_USAGE)
     levels = {
@@ -434,8 +382,6 @@ def test_fair_tree_ranks_zero_share_users_and_accounts_last_among_their_siblings
     expected |= {"root": 7 / 7, "A": 7 / 7, "B": 4 / 7, "Z": 3 / 7, "D": 1 / 7}  # first leaf ranked inside
     assert result.factor_map() == expected
     assert [row.node_id for row in result.ranked()] == ["a1", "a2", "a0", "b1", "z2", "z1", "d1"]
-    state = zero_shares_state(ZeroShares.RANKED)
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_zero_shares_unranked_moves_the_leaves_ranked_after_zero_share_nodes_up() -> None:
@@ -445,8 +391,6 @@ def test_zero_shares_unranked_moves_the_leaves_ranked_after_zero_share_nodes_up(
         SLURM_ZERO_SHARES, SLURM_ZERO_SHARES_USAGE, zero_shares=ZeroShares.UNRANKED
     )
     assert unranked.factor_map() == expected
-    state = zero_shares_state(ZeroShares.UNRANKED)
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_a_zero_share_user_and_a_zero_share_sibling_account_tie_at_level_fair_share_zero() -> None:
@@ -472,10 +416,6 @@ def test_a_zero_share_user_and_a_zero_share_sibling_account_tie_at_level_fair_sh
     expected = {"a1": 6 / 6, "u0": 5 / 6, "v0": 5 / 6, "z2": 5 / 6, "z1": 2 / 6, "b1": 1 / 6}
     expected |= {"root": 6 / 6, "A": 6 / 6, "Z": 5 / 6, "B": 1 / 6}
     assert fair_tree_fairshare(tree, usage).factor_map() == expected
-    state = FairShareState(tree, Algorithm.FAIR_TREE, half_life=0)
-    for leaf, amount in usage.items():
-        state.add_usage(leaf, amount, T0)
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_fair_tree_ranks_a_parent_shares_leaf_at_the_top_of_its_parent_which_is_the_parents_factor() -> None:
@@ -553,122 +493,21 @@ def test_the_zero_shares_rule_is_chosen_by_name_and_classic_ignores_it() -> None
         compute_fairshare(EXAMPLE, EXAMPLE_USAGE, Algorithm.CLASSIC, zero_shares=z) for z in ZeroShares
     ]
     assert classic[0] == classic[1]
-    assert FairShareState(EXAMPLE).zero_shares is ZeroShares.RANKED
     with pytest.raises(ValueError, match="is not a valid ZeroShares"):
-        FairShareState(EXAMPLE, zero_shares="none")  # type: ignore[arg-type]
+        compute_fairshare(EXAMPLE, EXAMPLE_USAGE, zero_shares="none")  # type: ignore[arg-type]
 
 
-# -- decayed usage -------------------------------------------------------------------------------
+# -- decay ---------------------------------------------------------------------------------------
 
 
-def ten_gpus_for_a_day(usage: DecayedUsage, start: int) -> int:
-    """10 GPUs busy for a day, charged each minute (600 GPU-seconds); returns the end."""
-    for minute in range(1, 24 * 60 + 1):
-        usage.add(600.0, start + 60 * minute)
-    return start + DAY
-
-
-def test_usage_halves_exactly_at_every_half_life_once_the_gpus_are_idle() -> None:
-    usage = DecayedUsage(half_life=WEEK)
-    end = ten_gpus_for_a_day(usage, T0)
-    at_end = usage.value_at(end)
-    x = 2 ** (-60 / WEEK)  # a minute's decay: the day is a geometric series of 1440 charges
-    assert at_end == pytest.approx(600 * (1 - x**1440) / (1 - x), rel=1e-12)
-    assert at_end < 10 * DAY  # some decay already during the day
-    for half_lives in (1, 2, 3):
-        assert usage.value_at(end + half_lives * WEEK) == at_end / 2**half_lives
-
-
-def test_usage_between_half_lives_decays_by_the_exponential() -> None:
-    usage = DecayedUsage(half_life=WEEK)
-    usage.add(1000.0, T0)
-    assert usage.value_at(T0 + WEEK // 2) == pytest.approx(1000 / math.sqrt(2), rel=1e-15)
+def test_the_decay_factor_halves_exactly_at_every_half_life_and_is_one_without_decay() -> None:
     assert decay_factor(3 * WEEK, WEEK) == 0.125 and decay_factor(5, 0) == 1.0
-
-
-def test_usage_with_half_life_zero_never_decays() -> None:
-    usage = DecayedUsage(half_life=0)
-    end = ten_gpus_for_a_day(usage, T0)
-    assert usage.value_at(end) == usage.value_at(end + 52 * WEEK) == 10 * DAY
-
-
-def test_usage_resets_to_zero_at_a_period_start() -> None:
-    period = T0 + 2 * DAY
-    usage = DecayedUsage(half_life=WEEK, resets=[period])
-    ten_gpus_for_a_day(usage, T0)
-    assert usage.value_at(period - 1) > 0
-    assert usage.value_at(period) == 0.0
-    usage.add(600.0, period + 60)
-    assert usage.value_at(period + 60) == 600.0
-    assert usage.add(600.0, period - 60) is False  # late, from the period already reset
-    assert usage.value_at(period + 60) == 600.0
-
-
-def test_a_late_event_counts_exactly_as_if_it_had_arrived_in_order() -> None:
-    in_order, late = DecayedUsage(), DecayedUsage()
-    in_order.add(100.0, T0)
-    in_order.add(50.0, T0 + DAY)
-    late.add(50.0, T0 + DAY)
-    assert late.add(100.0, T0) is True
-    assert late.value_at(T0 + 2 * DAY) == in_order.value_at(T0 + 2 * DAY)
-
-
-def test_replaying_the_same_events_gives_the_same_bits() -> None:
-    events = [(600.0, T0 + 60 * k) for k in range(500)] + [(1.5, T0 + 7), (99.25, T0 + 3 * DAY)]
-    first, second = DecayedUsage(resets=[T0 + DAY]), DecayedUsage(resets=[T0 + DAY])
-    for amount, at in events:
-        first.add(amount, at)
-    for amount, at in events:
-        second.add(amount, at)
-    assert first.value_at(T0 + 4 * DAY) == second.value_at(T0 + 4 * DAY)
-
-
-def test_usage_cannot_be_read_before_its_last_update() -> None:
-    usage = DecayedUsage()
-    assert usage.value_at(T0) == 0.0
-    usage.add(1.0, T0)
-    with pytest.raises(UsageInvalid, match="cannot be read"):
-        usage.value_at(T0 - 1)
-
-
-# -- the incremental state -----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("algorithm", list(Algorithm))
-def test_the_state_decays_usage_like_a_decayed_usage_accumulator(algorithm: Algorithm) -> None:
-    state = FairShareState(EXAMPLE, algorithm, half_life=WEEK)
-    reference = DecayedUsage(half_life=WEEK)
-    for k in range(200):
-        at = T0 + 3600 * k - (7200 if k % 10 == 0 else 0)  # some late events
-        state.add_usage("User1", 36_000.0, at)
-        reference.add(36_000.0, at)
-    end = T0 + 3600 * 200
-    assert state.usage_at("User1", end) == pytest.approx(reference.value_at(end), rel=1e-12)
-    assert state.usage_at("A", end) == state.usage_at("User1", end)
-
-
-@pytest.mark.parametrize("algorithm", list(Algorithm))
-def test_a_reset_in_the_state_drops_all_usage_and_late_events_from_before_it(algorithm: Algorithm) -> None:
-    period = T0 + DAY
-    state = FairShareState(EXAMPLE, algorithm, resets=[period])
-    state.add_usage("User2", 1000.0, T0)
-    assert state.factor("User2") < 1.0
-    assert state.result(period).row("User2").raw_usage == 0.0  # reading ahead does not move the clock
-    assert state.clock == T0
-    state.advance(period)
-    assert state.factor("User2") == 1.0 and state.usage_at("root") == 0.0
-    assert state.add_usage("User2", 1000.0, period - 1) is False
-    assert state.add_usage("User2", 1000.0, period) is True
-    assert state.factor("User2") < 1.0
-
-
-def incremental_factors(state: FairShareState) -> dict[str, float]:
-    return {node: state.factor(node) for node in state.tree.ids}
+    assert decay_factor(WEEK // 2, WEEK) == pytest.approx(1 / math.sqrt(2), rel=1e-15)
 
 
 # Accounts without a ranked leaf exist only under ZeroShares.UNRANKED (Slurm ranks every leaf):
-# the next three tests hold that rule's account factors, full and incremental, and the fourth
-# gives the same trees under Slurm's rule.
+# the next three tests hold that rule's account factors, and the fourth gives the same trees
+# under Slurm's rule.
 UNRANKED = ZeroShares.UNRANKED
 ONLY_LEAF_WITHOUT_SHARES = tree_of(("A", "root", 1), ("a0", "A", 0), ("B", "root", 1), ("b1", "B", 1))
 TIED_BELOW_C = tree_of(
@@ -679,38 +518,25 @@ TIED_TWO_LEVELS = tree_of(
 )
 
 
-def fair_tree_state(tree: ShareTree, usage: dict[str, float], zero_shares: ZeroShares) -> FairShareState:
-    state = FairShareState(tree, Algorithm.FAIR_TREE, zero_shares=zero_shares)
-    for leaf, amount in usage.items():
-        state.add_usage(leaf, amount, T0)
-    return state
-
-
 def test_an_account_whose_only_leaf_has_no_shares_gets_the_factor_of_the_account_it_is_tied_with() -> None:
     # Unranked: A's only leaf, a0, has 0 shares, so A has no ranked leaf of its own. With no usage
     # A and B tie at LF inf, Slurm merges them, and b1 (rank 2 of 2) is the group's first ranked
-    # leaf: A shares its factor, as B does. The incremental state used to give A 0 here.
+    # leaf: A shares its factor, as B does.
     tree = ONLY_LEAF_WITHOUT_SHARES
     expected = {"root": 1.0, "A": 1.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
-    state = fair_tree_state(tree, {}, UNRANKED)
     assert fair_tree_fairshare(tree, {}, zero_shares=UNRANKED).factor_map() == expected
-    assert state.result().factor_map() == incremental_factors(state) == expected
     # Equal usage keeps them tied below C (LF 1/3 / 1/2 each, C's inf): A gets b1's 2 of 3 leaves.
     tree, usage = TIED_BELOW_C, {"a0": 10.0, "b1": 10.0}
-    state = fair_tree_state(tree, usage, UNRANKED)
     expected = {"root": 1.0, "A": 2 / 3, "a0": 0.0, "B": 2 / 3, "b1": 2 / 3, "C": 1.0, "c1": 1.0}
     assert fair_tree_fairshare(tree, usage, zero_shares=UNRANKED).factor_map() == expected
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_an_account_without_a_ranked_leaf_gets_zero_once_no_sibling_account_is_tied_with_it() -> None:
     # Unranked: b1 uses something: B's LF drops to 0.5 while A's stays inf, so A is alone in its
     # group, which has no ranked leaf.
     tree, usage = ONLY_LEAF_WITHOUT_SHARES, {"b1": 10.0}
-    state = fair_tree_state(tree, usage, UNRANKED)
     expected = {"root": 1.0, "A": 0.0, "a0": 0.0, "B": 1.0, "b1": 1.0}
     assert fair_tree_fairshare(tree, usage, zero_shares=UNRANKED).factor_map() == expected
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 def test_an_account_without_a_ranked_leaf_tied_inside_a_merged_group_gets_that_groups_factor() -> None:
@@ -718,10 +544,8 @@ def test_an_account_without_a_ranked_leaf_tied_inside_a_merged_group_gets_that_g
     # and merge: y1 is the first ranked leaf, and X and P, with no ranked leaf of their own, share
     # its factor.
     tree = TIED_TWO_LEVELS
-    state = fair_tree_state(tree, {}, UNRANKED)
     expected = dict.fromkeys(tree.ids, 1.0) | {"x0": 0.0}
     assert fair_tree_fairshare(tree, {}, zero_shares=UNRANKED).factor_map() == expected
-    assert state.result().factor_map() == incremental_factors(state) == expected
 
 
 @pytest.mark.parametrize(
@@ -745,18 +569,7 @@ def test_an_account_without_a_ranked_leaf_tied_inside_a_merged_group_gets_that_g
 def test_under_slurms_rule_a_leaf_without_shares_takes_the_last_rank_of_its_group(
     tree: ShareTree, usage: dict[str, float], expected: dict[str, float]
 ) -> None:
-    state = fair_tree_state(tree, usage, ZeroShares.RANKED)
     assert fair_tree_fairshare(tree, usage).factor_map() == expected
-    assert state.result().factor_map() == incremental_factors(state) == expected
-
-
-def test_the_state_cannot_go_back_in_time() -> None:
-    state = FairShareState(EXAMPLE)
-    state.add_usage("User1", 1.0, T0)
-    with pytest.raises(UsageInvalid, match="cannot go back"):
-        state.advance(T0 - 1)
-    with pytest.raises(UsageInvalid, match="cannot be read"):
-        state.result(T0 - 1)
 
 
 SHARE_CHOICES: list[Shares] = [0, 1, 1, 2, 3, 10, "parent"]
@@ -774,59 +587,6 @@ def trees(draw: st.DrawFn, shares: st.SearchStrategy[Shares] = SHARES) -> ShareT
     for k in range(draw(st.integers(1, 12))):
         nodes.append(ShareNode(f"user{k}", draw(st.sampled_from(accounts)), draw(shares)))
     return ShareTree(nodes)
-
-
-@st.composite
-def histories(draw: st.DrawFn) -> tuple[ShareTree, int, list[tuple[str, float, int]]]:
-    """A tree, a half-life, and usage events (times jump around: late events, and with a
-    one-second half-life more than 256 half-lives apart, which rebases the state)."""
-    tree = draw(trees())
-    half_life = draw(st.sampled_from([0, 1, 60, HOUR, WEEK]))
-    leaf = st.sampled_from(tree.leaves)
-    events = draw(st.lists(st.tuples(leaf, AMOUNTS, st.integers(0, 2000)), max_size=25))
-    return tree, half_life, events
-
-
-@PROPERTY
-@given(histories(), st.sampled_from(list(Algorithm)), st.sampled_from(list(ZeroShares)))
-def test_incremental_factors_equal_a_full_recompute_after_every_event(
-    history: tuple[ShareTree, int, list[tuple[str, float, int]]],
-    algorithm: Algorithm,
-    zero_shares: ZeroShares,
-) -> None:
-    tree, half_life, events = history
-    state = FairShareState(tree, algorithm, half_life=half_life, resets=[1500], zero_shares=zero_shares)
-    for leaf, amount, at in events:
-        state.add_usage(leaf, amount, T0 + at)
-        full = state.result()
-        assert {node: state.factor(node) for node in tree.ids} == full.factor_map()
-
-
-@PROPERTY
-@given(histories(), st.sampled_from(list(Algorithm)))
-def test_replaying_the_same_events_into_a_new_state_gives_the_same_factors_and_usage(
-    history: tuple[ShareTree, int, list[tuple[str, float, int]]], algorithm: Algorithm
-) -> None:
-    tree, half_life, events = history
-    first = FairShareState(tree, algorithm, half_life=half_life)
-    second = FairShareState(tree, algorithm, half_life=half_life)
-    for state in (first, second):
-        for leaf, amount, at in events:
-            state.add_usage(leaf, amount, T0 + at)
-    assert first.result() == second.result()
-
-
-@PROPERTY
-@given(histories())
-def test_the_state_agrees_with_the_pure_functions_on_its_own_usage(
-    history: tuple[ShareTree, int, list[tuple[str, float, int]]],
-) -> None:
-    tree, _, events = history
-    state = FairShareState(tree, Algorithm.CLASSIC, half_life=0)
-    for leaf, amount, at in events:
-        state.add_usage(leaf, amount, T0 + at)
-    usage = {leaf: state.usage_at(leaf) for leaf in tree.leaves}
-    assert state.result().factors == pytest.approx(classic_fairshare(tree, usage).factors, rel=1e-9)
 
 
 @PROPERTY

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, ChargePolicy, PolicyTimeline, flat_policy
-from allmende.domain.fairshare import DEFAULT_HALF_LIFE
-from allmende.domain.fairshare_usage import BUCKET_S, UsageLedger, decayed_usage, share_tree
+from allmende.domain.fairshare.decay import DEFAULT_HALF_LIFE
+from allmende.domain.fairshare.usage import BUCKET_S, UsageLedger, decayed_usage, share_tree
 from allmende.domain.metering import JobMeter
 from allmende.domain.organisation import Node
 from allmende.schemas.ledger import LedgerEntry

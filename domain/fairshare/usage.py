@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
-from allmende.domain.fairshare import ROOT, ShareNode, ShareTree, decay_factor
+from allmende.domain.fairshare.decay import decay_factor
+from allmende.domain.fairshare.tree import ROOT, ShareNode, ShareTree
 from allmende.domain.organisation import Node
 from allmende.domain.postings import priced_pieces
 from allmende.schemas.ledger import UNATTRIBUTED, LedgerEntry
