@@ -9,15 +9,21 @@ run writers apart (`allmende writer`, ALLMENDE_WRITER_ENABLED=false on the API s
 
 `running_components` builds and stops the components of an API process in dependency order;
 `create_app` is that process: the HTTP app (`allmende.services.api.app`) with the components in
-its lifespan.
+its lifespan. `MeterProcess` is a meter worker as a child process, for programs that run the
+whole pipeline themselves (the simulator's runs, the benchmarks, the tests); `allmende up` starts
+its long-lived one detached (`allmende.core.supervisor`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -30,6 +36,7 @@ from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.logs import configure_logging
 from allmende.core.settings import Settings
+from allmende.core.supervisor import Child, python_module
 from allmende.domain.squatting import SquatRule
 from allmende.services.admin_service import AdminService
 from allmende.services.admission_service import AdmissionService
@@ -191,6 +198,41 @@ def run_writer(s: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+
+
+def meter_env(settings: Settings) -> dict[str, str]:
+    """A child's environment that makes it read and write `settings`' topics and meter state."""
+    return {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "ALLMENDE_TOPIC_PREFIX": settings.topic_prefix,
+        "ALLMENDE_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        "ALLMENDE_METER_APP_ID": settings.meter_app_id,
+        "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
+        "ALLMENDE_LOG_LEVEL": "INFO",
+        "ALLMENDE_LOG_JSON": "false",
+    }
+
+
+class MeterProcess(Child):
+    """One meter worker (`python -m allmende.streams.meter_worker`), its output in a log of its own."""
+
+    def __init__(self, settings: Settings, log_dir: Path, name: str = "meter", metrics_port: int = 0) -> None:
+        self.metrics_port = metrics_port  # 0: none (several workers of one run would share one)
+        super().__init__(
+            python_module("allmende.streams.meter_worker"),
+            log_dir / f"{name}-{time.monotonic_ns()}.log",
+            {**meter_env(settings), "ALLMENDE_METER_METRICS_PORT": str(metrics_port)},
+        )
+
+    def ready(self) -> bool:
+        return b"Worker ready" in self.log_path.read_bytes()
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        self.wait_for(self.ready, timeout, "meter worker")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.stop(sig)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -47,7 +47,6 @@ import itertools
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +63,7 @@ from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from allmende.core.kafka_local import free_port
+from allmende.core.supervisor import Child
 from allmende.services.api.routes_admission import AdmissionRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,26 +129,16 @@ def _pin(core: int) -> Callable[[], None]:
 
 
 @contextmanager
-def server(argv: list[str], env: dict[str, str], core: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def server(argv: list[str], env: dict[str, str], core: int, log: Path) -> Iterator[Child]:
     """A subprocess pinned to `core`, in its own session; stopped (then killed) on the way out."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=_pin(core), start_new_session=True,
-        )  # fmt: skip
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # uvicorn's graceful stop: the lifespan closes Kafka
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+    child = Child(argv, log, env, session=True, preexec_fn=_pin(core))
+    try:
+        yield child
+    finally:
+        child.stop(signal.SIGINT, timeout=20)  # uvicorn's graceful stop: the lifespan closes Kafka
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+def wait_http(url: str, proc: Child, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         try:
@@ -156,7 +146,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
                 return
         except httpx.HTTPError:
             pass
-        if proc.poll() is not None:
+        if proc.died():
             break
         time.sleep(0.25)
     tail = log.read_text(errors="replace")[-3000:]

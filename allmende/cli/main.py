@@ -22,7 +22,7 @@ from allmende.cli.budget import budget_app
 from allmende.cli.fairshare import fairshare
 from allmende.cli.simulate import simulate
 from allmende.cli.slurm import slurm_app
-from allmende.core import procs
+from allmende.core import supervisor
 from allmende.core.paths import source_checkout
 from allmende.core.settings import Settings
 
@@ -266,10 +266,10 @@ def up() -> None:
     from allmende.core.kafka_topics import ensure_topics
 
     ensure_topics(s)
-    procs.start(s.run_dir, "worker", ["worker"])
+    supervisor.start_command(s.run_dir, "worker", ["worker"])
     # The local API gets an admin token of its own unless the environment names some.
     env = {} if s.admin_tokens else {"ALLMENDE_ADMIN_TOKENS": f"admin:{local_admin_token(s, create=True)}"}
-    procs.start(s.run_dir, "api", ["serve"], env=env)
+    supervisor.start_command(s.run_dir, "api", ["serve"], env=env)
     _wait_http(f"{_api_url(s)}/healthz", 90)
     console.print(f"API: {_api_url(s)}  (docs: {_api_url(s)}/docs, logs: {s.run_dir})")
 
@@ -279,7 +279,7 @@ def down() -> None:
     """Stop what `allmende up` started."""
     s = _settings()
     for name in ("api", "worker"):
-        if procs.stop(s.run_dir, name):
+        if supervisor.stop_command(s.run_dir, name):
             console.print(f"stopped {name}")
     _broker(s).stop()
     console.print("stopped kafka")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from allmende.core.paths import source_checkout
+from allmende.core.supervisor import running, start_detached, stop_detached
 
 log = structlog.get_logger(__name__)
 
@@ -158,12 +158,7 @@ class LocalBroker:
         ]
 
     def running_pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text())
-            os.kill(pid, 0)
-            return pid
-        except (OSError, ValueError):
-            return None
+        return running(self.pid_file)
 
     def start(self, timeout: float = 90.0) -> str:
         """Start the broker (formatting its storage the first time); idempotent."""
@@ -184,15 +179,8 @@ class LocalBroker:
             )
             if formatted.returncode != 0:
                 raise BrokerError(f"formatting Kafka storage failed: {formatted.stderr or formatted.stdout}")
-        with self.log_file.open("ab") as out:
-            proc = subprocess.Popen(
-                self._java("kafka.Kafka", str(config)),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(str(proc.pid))
-        log.info("kafka_starting", pid=proc.pid, bootstrap=self.bootstrap, home=str(self.home))
+        pid = start_detached(self.pid_file, self.log_file, self._java("kafka.Kafka", str(config)))
+        log.info("kafka_starting", pid=pid, bootstrap=self.bootstrap, home=str(self.home))
         self.wait_ready(timeout)
         return self.bootstrap
 
@@ -201,16 +189,8 @@ class LocalBroker:
 
     def stop(self, timeout: float = 30.0) -> None:
         pid = self.running_pid()
-        if pid is None:
-            return
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.running_pid() is not None:
-            time.sleep(0.2)
-        if self.running_pid() is not None:
-            os.kill(pid, signal.SIGKILL)
-        self.pid_file.unlink(missing_ok=True)
-        log.info("kafka_stopped", pid=pid)
+        if stop_detached(self.pid_file, timeout):
+            log.info("kafka_stopped", pid=pid)
 
 
 @contextmanager

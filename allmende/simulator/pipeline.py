@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,9 +25,9 @@ from pathlib import Path
 from kafka import KafkaProducer
 
 from allmende.core.kafka_topics import ensure_topics
-from allmende.core.meter_process import ROOT, MeterProcess, env_for
 from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
+from allmende.core.supervisor import Child, python_module
 from allmende.domain.admin_state import AdminState
 from allmende.domain.simulation.engine import Simulation
 from allmende.domain.simulation.interfaces import SimEvent, Sink
@@ -39,6 +37,7 @@ from allmende.schemas.admission_events import AdmissionEvent, encode_admission_e
 from allmende.schemas.events import encode_event
 from allmende.simulator.platform import ObservingSink, PlatformPolicy
 from allmende.simulator.writer import LedgerCheck
+from allmende.topology import MeterProcess, meter_env
 
 
 def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings:
@@ -109,21 +108,15 @@ class WriterProcess:
         self.dir = work / f"writer-{uuid.uuid4().hex[:8]}"
         self.dir.mkdir(parents=True)
         (self.dir / "settings.json").write_text(settings.model_dump_json())
-        self._log = (self.dir / "writer.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "allmende.simulator.writer", str(self.dir)],
-            cwd=ROOT, env=env_for(settings), stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        self.child = Child(
+            python_module("allmende.simulator.writer", str(self.dir)),
+            self.dir / "writer.log",
+            meter_env(settings),
+        )
 
     def _wait_for(self, name: str, timeout_s: float) -> Path:
-        path, deadline = self.dir / name, time.monotonic() + timeout_s
-        while not path.exists():
-            if self.proc.poll() is not None:
-                log = (self.dir / "writer.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the run's ledger writer exited ({self.proc.returncode}):\n{log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the run's ledger writer did not write {name} in {timeout_s:.0f} s")
-            time.sleep(0.05)
+        path = self.dir / name
+        self.child.wait_for(path.exists, timeout_s, f"the run's ledger writer (waiting for {name})")
         return path
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -143,14 +136,7 @@ class WriterProcess:
         return check, {p: int(units) for p, units in answer["charges"].items()}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self.child.stop()
 
 
 @contextlib.contextmanager

@@ -9,12 +9,12 @@ from pathlib import Path
 from kafka import KafkaConsumer, KafkaProducer
 
 from allmende.core.ledger_store import LedgerStore
-from allmende.core.meter_process import MeterProcess
-from allmende.core.procs import wait_until as wait_until  # the tests wait with it
 from allmende.core.replay import make_producer, publish
 from allmende.core.settings import Settings
+from allmende.core.supervisor import wait_until as wait_until  # the tests wait with it
 from allmende.schemas.events import JobEvent
 from allmende.streams.ledger_writer import LedgerWriter
+from allmende.topology import MeterProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

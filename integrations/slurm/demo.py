@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -45,7 +44,7 @@ from fastapi import HTTPException, Request
 from rich.console import Console
 from rich.table import Table
 
-from allmende.core.procs import wait_until
+from allmende.core.supervisor import python_module, running, start_detached, stop_detached, wait_until
 from allmende.integrations.slurm.local import (
     ROOT,
     SLURMCTLD,
@@ -152,41 +151,7 @@ def platform_env(paths: Paths, kafka: str, api_port: int, admin: str, scheduler:
 def _start_detached(paths: Paths, name: str, command: list[str], env: dict[str, str]) -> None:
     """`command` in its own session (it outlives the demo with --keep), its output in
     run/<name>.log, its pid in run/<name>.pid."""
-    paths.run.mkdir(parents=True, exist_ok=True)
-    with (paths.run / f"{name}.log").open("ab") as out:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    (paths.run / f"{name}.pid").write_text(str(proc.pid))
-
-
-def _pid(pid_file: Path) -> int | None:
-    """The pid in `pid_file` if that process is alive. A zombie counts as gone: PID 1 here does not
-    reap orphans, and the demo does not wait for the children it leaves running."""
-    try:
-        pid = int(pid_file.read_text())
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    return None if stat.rsplit(")", 1)[-1].split()[0] == "Z" else pid
-
-
-def _stop(pid_file: Path, timeout: float = 30) -> bool:
-    """TERM the process group of the pid in `pid_file` (KILL after `timeout`); True if it ran."""
-    pid = _pid(pid_file)
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid(pid_file) is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _pid(pid_file) is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)  # ours: reaped
-    pid_file.unlink(missing_ok=True)
-    return pid is not None
+    start_detached(paths.run / f"{name}.pid", paths.run / f"{name}.log", command, env)
 
 
 def _slurm_stop_env(paths: Paths) -> dict[str, str]:
@@ -201,7 +166,7 @@ def stop_all(paths: Paths, say: Callable[[str], None]) -> bool:
     """Stop what a demo started in `paths.state` (by pid files): the agent, Slurm, the API, the
     meter worker, Kafka. Safe when nothing runs; False if nothing did."""
     stopped = False
-    if _stop(paths.run / "agent.pid"):
+    if stop_detached(paths.run / "agent.pid"):
         say("stopped the Slurm agent")
         stopped = True
     if (paths.slurm / "etc/slurm.conf").exists():
@@ -210,10 +175,10 @@ def stop_all(paths: Paths, say: Callable[[str], None]) -> bool:
             say("stopped Slurm (slurmd, slurmctld, slurmdbd, MariaDB, munged)")
             stopped = True
     for name, what in (("api", "the API"), ("worker", "the meter worker")):
-        if _stop(paths.run / f"{name}.pid"):
+        if stop_detached(paths.run / f"{name}.pid"):
             say(f"stopped {what}")
             stopped = True
-    if _stop(paths.kafka / "broker.pid"):
+    if stop_detached(paths.kafka / "broker.pid"):
         say("stopped Kafka")
         stopped = True
     return stopped
@@ -335,16 +300,15 @@ class Demo:
             ensure_topics(settings)
             self.done(f"Kafka at {kafka} [dim]({time.monotonic() - t0:.1f} s)[/dim]")
             status.update("starting the meter worker and the API (and Slurm) ...")
-            python = sys.executable
-            _start_detached(paths, "worker", [python, "-m", "allmende.cli.main", "worker"], penv)
+            _start_detached(paths, "worker", python_module("allmende", "worker"), penv)
             _start_detached(
-                paths, "api", [python, "-m", "allmende.integrations.slurm.demo", "--serve-platform"], penv
+                paths, "api", python_module("allmende.integrations.slurm.demo", "--serve-platform"), penv
             )
             self.url = f"http://127.0.0.1:{api_port}"
             worker_log = paths.run / "worker.log"
 
             def worker_ready() -> bool:
-                if _pid(paths.run / "worker.pid") is None:
+                if running(paths.run / "worker.pid") is None:
                     raise RuntimeError(f"the meter worker exited; see {worker_log}")
                 return b"Worker ready" in worker_log.read_bytes()
 
@@ -394,7 +358,7 @@ class Demo:
             wait_until(lambda: "agent started" in self._agent_log(), 30, f"the agent ({slurm.agent_log})")
 
     def _api_up(self) -> bool:
-        if _pid(self.paths.run / "api.pid") is None:
+        if running(self.paths.run / "api.pid") is None:
             raise RuntimeError(f"the API exited; see {self.paths.run / 'api.log'}")
         try:
             return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from allmende.core.kafka_local import free_port
-from allmende.core.procs import wait_until
+from allmende.core.supervisor import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURMCTLD = Path("/usr/sbin/slurmctld")
