@@ -23,9 +23,9 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
-from prometheus_client import Counter, Histogram
 
 from allmende.core.kafka_reading import LagWatch, read_to_end, replaying_consumer
+from allmende.core.metrics import ADMISSION, ADMISSION_DECIDE_SECONDS, ADMISSION_DECISIONS, register
 from allmende.core.settings import Settings
 from allmende.domain.admission import decide
 from allmende.domain.admission_model import (
@@ -60,13 +60,6 @@ from allmende.streams.fairshare_calculator import FairShareCalculator
 
 log = structlog.get_logger(__name__)
 
-DECISIONS = Counter("allmende_admission_decisions_total", "Admission decisions", ["verdict", "lane"])
-DECIDE_SECONDS = Histogram(
-    "allmende_admission_decide_seconds",
-    "Time to decide (without publishing)",
-    buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
-)
-
 
 RELEASE_CHUNK = 50  # hold releases per turn of the event loop
 
@@ -94,6 +87,7 @@ class AdmissionService:
         calculator: FairShareCalculator,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        register(ADMISSION)
         self.settings = settings
         self.admin_log = admin_log
         self.calculator = calculator
@@ -286,7 +280,7 @@ class AdmissionService:
                 self._pending.add(request.job_id, events)
                 if prior is not None:
                     self._shown[request.job_id] = prior
-                DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
+                ADMISSION_DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
         await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
         return answer
 
@@ -352,7 +346,7 @@ class AdmissionService:
         self._require_ready()
         started = time.perf_counter()
         decision = decide(request, self.snapshot(request, now))
-        DECIDE_SECONDS.observe(time.perf_counter() - started)
+        ADMISSION_DECIDE_SECONDS.observe(time.perf_counter() - started)
         attempt = prior.attempt + 1 if prior is not None else 1
         decided = AdmissionDecided(
             event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,

@@ -18,7 +18,7 @@ Thresholds come from `burn_warning_days_early` and `burn_warning_budget_shares`.
 one topic (two API processes) catch up before judging, and would in a race publish the same event
 ids, which the fold takes once (a webhook could then get a warning twice).
 
-Wiring (services/api/app.py, in the lifespan, after `ensure_topics`; the source runs in a worker
+Wiring (allmende/topology.py, in the API process, after `ensure_topics`; the source runs in a worker
 thread, so it may block on ClickHouse):
 
     def burns() -> list[ProjectBurn]:  # each project's current period
@@ -46,9 +46,16 @@ from typing import Any
 import httpx
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from prometheus_client import Counter
 
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
+from allmende.core.metrics import (
+    ALERT_WEBHOOK_FAILURES,
+    ALERT_WEBHOOK_POSTS,
+    ALERTS,
+    BURN_ALERT_ROUND_FAILURES,
+    BURN_ALERTS_PUBLISHED,
+    register,
+)
 from allmende.core.settings import Settings
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
@@ -57,13 +64,6 @@ from allmende.schemas.events import ContractError
 from allmende.services.project_metrics import ProjectMetrics
 
 log = structlog.get_logger(__name__)
-
-ALERTS_PUBLISHED = Counter("allmende_burn_alerts_published_total", "Burn warnings published", ["type"])
-ALERT_ROUND_FAILURES = Counter("allmende_burn_alert_round_failures_total", "Alert rounds that failed")
-WEBHOOK_POSTS = Counter("allmende_alert_webhook_posts_total", "Alert webhook posts delivered")
-WEBHOOK_FAILURES = Counter(
-    "allmende_alert_webhook_failures_total", "Alert webhook posts given up after their retries"
-)
 
 Source = Callable[[], Sequence[ProjectBurn]]
 
@@ -108,6 +108,7 @@ class BurnAlerter:
         webhook_backoff_s: float = WEBHOOK_BACKOFF_S,
         webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
     ) -> None:
+        register(ALERTS)
         self.settings = settings
         self.source = source
         self.clock = clock
@@ -144,7 +145,7 @@ class BurnAlerter:
                 await asyncio.to_thread(self.check_once)
                 self.last_error = None
             except Exception as exc:
-                ALERT_ROUND_FAILURES.inc()
+                BURN_ALERT_ROUND_FAILURES.inc()
                 self.last_error = repr(exc)
                 log.warning("burn_alert_round_failed", error=repr(exc))
             await asyncio.sleep(self.settings.alert_check_s)
@@ -223,7 +224,7 @@ class BurnAlerter:
             self._publish(events)
             for event in events:
                 self.state.apply(event)
-                ALERTS_PUBLISHED.labels(event.type).inc()
+                BURN_ALERTS_PUBLISHED.labels(event.type).inc()
                 log.info(
                     "burn_warning", type=event.type, event_id=event.event_id, project=event.project,
                     period=event.period, condition=event.condition, message=event.message,
@@ -245,7 +246,7 @@ class BurnAlerter:
             try:
                 response = self._http.post(url, json=body)
                 if response.is_success:
-                    WEBHOOK_POSTS.inc()
+                    ALERT_WEBHOOK_POSTS.inc()
                     return True
                 problem = f"HTTP {response.status_code}"
                 if response.status_code != 429 and response.status_code < 500:
@@ -257,7 +258,7 @@ class BurnAlerter:
                 if self._stop.wait(wait):
                     break
                 wait *= 2
-        WEBHOOK_FAILURES.inc()
+        ALERT_WEBHOOK_FAILURES.inc()
         log.warning("alert_webhook_failed", url=where, event_id=event.event_id, problem=problem)
         return False
 

@@ -20,25 +20,12 @@ from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
-from prometheus_client import Histogram
+
+from allmende.core.metrics import GROUP_COMMIT, GROUP_COMMIT_CALLERS, GROUP_COMMIT_SECONDS, register
 
 Record = tuple[bytes, bytes]  # key, value
 # Below Kafka's default message.max.bytes (1 MiB) with room for the batch's own header.
 MAX_RECORD_BYTES = 1_000_000
-
-# The wait every answer pays for durability: the floor under the admission latency.
-COMMIT_SECONDS = Histogram(
-    "allmende_group_commit_seconds",
-    "From a group's send to the broker's acknowledgement of all its batches",
-    ["topic"],
-    buckets=(5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.25, 1.0),
-)
-COMMIT_CALLERS = Histogram(
-    "allmende_group_commit_callers",
-    "Callers whose records share one group commit",
-    ["topic"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 512),
-)
 
 
 Group = list[tuple[Sequence[Record], asyncio.Future[None]]]  # each caller's records, and its future
@@ -97,6 +84,7 @@ def _retrieved(future: asyncio.Future[None]) -> None:
 
 class GroupCommit:
     def __init__(self, producer: AIOKafkaProducer, topic: str, partition: int = 0) -> None:
+        register(GROUP_COMMIT)
         self._producer = producer
         self._topic = topic
         self._partition = partition
@@ -178,8 +166,8 @@ class GroupCommit:
             except Exception as exc:  # the broker refused the batch or went away
                 failed.update((id(f), exc) for f in callers)
         self.batches += len(batches)
-        COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
-        COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
+        GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
+        GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
         for _, future in group:
             if future.done():
                 continue

@@ -1,7 +1,8 @@
-"""Per-project budget gauges for Prometheus, labelled `project` and `period`.
+"""Per-project budget gauges for Prometheus, labelled `project` and `period`: their values.
 
-Set each round by the burn alerter (`services/burn_alerts.py`) from the same `ProjectBurn`s it
-judges, and served by the API's `/metrics` (the default registry). Weighted GPU-hours are charge
+The gauges are defined in `allmende/core/metrics.py`; `ProjectMetrics` sets them each round, for
+the burn alerter (`services/burn_alerts.py`), from the same `ProjectBurn`s it judges; the API's
+`/metrics` serves them (the default registry). Weighted GPU-hours are charge
 units / 3.6e9; idle GPU-hours are idle units / 10,000 / 3600 (`domain.squatting`).
 
 | gauge | value |
@@ -30,39 +31,42 @@ from collections.abc import Sequence
 
 from prometheus_client import Gauge
 
+from allmende.core.metrics import (
+    PROJECT,
+    PROJECT_ALLOCATED_GPU_HOURS,
+    PROJECT_CHARGED_GPU_HOURS,
+    PROJECT_FORECAST_DAYS_LEFT,
+    PROJECT_HELD_GPU_HOURS,
+    PROJECT_IDLE_GPU_HOURS,
+    PROJECT_LASTS_PERIOD,
+    PROJECT_PERIOD_DAYS_LEFT,
+    PROJECT_REMAINING_GPU_HOURS,
+    register,
+)
 from allmende.domain.admission import UNITS_PER_GPU_HOUR
 from allmende.domain.burn_alerts import ProjectBurn
 from allmende.domain.burn_rate import SECONDS_PER_DAY
 from allmende.domain.squatting import IDLE_UNITS_PER_GPU_SECOND
 
-LABELS = ("project", "period")
 IDLE_UNITS_PER_GPU_HOUR = IDLE_UNITS_PER_GPU_SECOND * 3600
 
-ALLOCATED = Gauge("allmende_project_allocated_gpu_hours", "Allocated weighted GPU-hours", LABELS)
-CHARGED = Gauge("allmende_project_charged_gpu_hours", "Charged weighted GPU-hours up to as_of", LABELS)
-HELD = Gauge("allmende_project_held_gpu_hours", "Weighted GPU-hours held by admitted jobs", LABELS)
-REMAINING = Gauge(
-    "allmende_project_remaining_gpu_hours", "Allocated - charged - held, weighted GPU-hours", LABELS
+ALWAYS = (
+    PROJECT_ALLOCATED_GPU_HOURS,
+    PROJECT_CHARGED_GPU_HOURS,
+    PROJECT_HELD_GPU_HOURS,
+    PROJECT_REMAINING_GPU_HOURS,
+    PROJECT_LASTS_PERIOD,
+    PROJECT_PERIOD_DAYS_LEFT,
+    PROJECT_IDLE_GPU_HOURS,
 )
-FORECAST_DAYS_LEFT = Gauge(
-    "allmende_project_forecast_days_left",
-    "Whole days until the budget runs out at the trailing 7 days' rate (absent: it lasts the period)",
-    LABELS,
-)
-LASTS_PERIOD = Gauge(
-    "allmende_project_lasts_period", "1 when the budget lasts the period at the trailing 7 days' rate", LABELS
-)
-PERIOD_DAYS_LEFT = Gauge("allmende_project_period_days_left", "Days from as_of to the period's end", LABELS)
-IDLE = Gauge("allmende_project_idle_gpu_hours", "GPU-hours held at low utilisation in the period", LABELS)
-
-ALWAYS = (ALLOCATED, CHARGED, HELD, REMAINING, LASTS_PERIOD, PERIOD_DAYS_LEFT, IDLE)
-ALL = (*ALWAYS, FORECAST_DAYS_LEFT)
+ALL = (*ALWAYS, PROJECT_FORECAST_DAYS_LEFT)
 
 
 class ProjectMetrics:
     """Sets the gauges from a round's burns and removes the series of pairs no longer reported."""
 
     def __init__(self) -> None:
+        register(PROJECT)
         self._lock = threading.Lock()
         self._shown: set[tuple[str, str]] = set()
 
@@ -73,18 +77,18 @@ class ProjectMetrics:
                 labels = (pb.project, pb.period)
                 now.add(labels)
                 b = pb.burn
-                ALLOCATED.labels(*labels).set(b.allocated_units / UNITS_PER_GPU_HOUR)
-                CHARGED.labels(*labels).set(b.charged_units / UNITS_PER_GPU_HOUR)
-                HELD.labels(*labels).set(b.held_units / UNITS_PER_GPU_HOUR)
-                REMAINING.labels(*labels).set(b.remaining_units / UNITS_PER_GPU_HOUR)
-                LASTS_PERIOD.labels(*labels).set(1 if b.trailing_7d.lasts_period else 0)
-                PERIOD_DAYS_LEFT.labels(*labels).set(max(0, b.period_end - b.as_of) / SECONDS_PER_DAY)
-                IDLE.labels(*labels).set(pb.idle_units / IDLE_UNITS_PER_GPU_HOUR)
+                PROJECT_ALLOCATED_GPU_HOURS.labels(*labels).set(b.allocated_units / UNITS_PER_GPU_HOUR)
+                PROJECT_CHARGED_GPU_HOURS.labels(*labels).set(b.charged_units / UNITS_PER_GPU_HOUR)
+                PROJECT_HELD_GPU_HOURS.labels(*labels).set(b.held_units / UNITS_PER_GPU_HOUR)
+                PROJECT_REMAINING_GPU_HOURS.labels(*labels).set(b.remaining_units / UNITS_PER_GPU_HOUR)
+                PROJECT_LASTS_PERIOD.labels(*labels).set(1 if b.trailing_7d.lasts_period else 0)
+                PROJECT_PERIOD_DAYS_LEFT.labels(*labels).set(max(0, b.period_end - b.as_of) / SECONDS_PER_DAY)
+                PROJECT_IDLE_GPU_HOURS.labels(*labels).set(pb.idle_units / IDLE_UNITS_PER_GPU_HOUR)
                 days_left = b.trailing_7d.days_left
                 if days_left is None:
-                    _remove(FORECAST_DAYS_LEFT, labels)
+                    _remove(PROJECT_FORECAST_DAYS_LEFT, labels)
                 else:
-                    FORECAST_DAYS_LEFT.labels(*labels).set(days_left)
+                    PROJECT_FORECAST_DAYS_LEFT.labels(*labels).set(days_left)
             for labels in self._shown - now:
                 for gauge in ALL:
                     _remove(gauge, labels)

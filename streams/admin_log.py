@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from prometheus_client import Counter
 
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
+from allmende.core.metrics import ADMIN_EVENTS_APPLIED, ADMIN_EVENTS_REFUSED, ADMIN_LOG, register
 from allmende.core.settings import Settings
 from allmende.domain.admin_state import AdminState
 from allmende.domain.charging import PolicyTimeline
@@ -26,14 +26,12 @@ from allmende.schemas.events import ContractError
 
 log = structlog.get_logger(__name__)
 
-ADMIN_EVENTS_APPLIED = Counter("allmende_admin_events_applied_total", "Admin events folded into the state")
-ADMIN_EVENTS_REFUSED = Counter("allmende_admin_events_refused_total", "Admin records sent to dead letter")
-
 
 class AdminLog:
     """One reader (and writer) of the admin topic; thread-safe."""
 
     def __init__(self, settings: Settings, *, dead_letters: bool = True) -> None:
+        register(ADMIN_LOG)
         self.settings = settings
         self.topic = settings.admin_events_topic
         self._tp = TopicPartition(self.topic, 0)

@@ -23,10 +23,16 @@ from typing import Literal
 
 import structlog
 from kafka import KafkaProducer
-from prometheus_client import Counter, Gauge
 
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_reading import LagWatch, replaying_consumer
+from allmende.core.metrics import (
+    FAIRSHARE,
+    FAIRSHARE_FACTOR,
+    FAIRSHARE_LAG_RECORDS,
+    FAIRSHARE_SNAPSHOTS,
+    register,
+)
 from allmende.core.settings import Settings
 from allmende.domain.allocations import quarter_start
 from allmende.domain.fairshare.compute import compute_fairshare
@@ -39,10 +45,6 @@ from allmende.schemas.ledger import decode_entries
 from allmende.streams.admin_log import AdminLog
 
 log = structlog.get_logger(__name__)
-
-SNAPSHOTS = Counter("allmende_fairshare_snapshots_total", "Fair-share snapshots published")
-FACTOR = Gauge("allmende_fairshare_factor", "Fair-share factor of a project", ["project"])
-LAG = Gauge("allmende_fairshare_lag_records", "Ledger-entry records the calculator is behind")
 
 _HISTORY_COLUMNS = (
     "as_of", "algorithm", "node_id", "parent_id", "depth", "is_leaf", "raw_shares", "norm_shares",
@@ -75,6 +77,7 @@ def record_of(row: ShareRow, as_of: int, algorithm: Literal["classic", "fair_tre
 
 class FairShareCalculator:
     def __init__(self, settings: Settings, admin_log: AdminLog, db: Database | None = None) -> None:
+        register(FAIRSHARE)
         self.settings = settings
         self.admin_log = admin_log
         self.db = db
@@ -189,7 +192,7 @@ class FairShareCalculator:
                 self.take(values)  # also when empty: a new policy re-prices what it covers
                 behind = self._lag.check(consumer, partitions)
                 if behind is not None:
-                    LAG.set(sum(behind.values()))
+                    FAIRSHARE_LAG_RECORDS.set(sum(behind.values()))
                 key = (self.usage.clock, self._changes, len(self.admin_log.state.history))
                 first = self.caught_up.is_set() and not self.ready.is_set()
                 # A new tree or policy is published at once; usage changes at most every publish_s.
@@ -224,10 +227,10 @@ class FairShareCalculator:
             self.db.insert("fairshare_history", [_history_row(r) for r in snapshot.records], _HISTORY_COLUMNS)
         for record in snapshot.records:
             if record.is_leaf:
-                FACTOR.labels(project=record.node_id).set(record.factor)
+                FAIRSHARE_FACTOR.labels(project=record.node_id).set(record.factor)
         self.latest = snapshot
         self._published_key = key
-        SNAPSHOTS.inc()
+        FAIRSHARE_SNAPSHOTS.inc()
         log.info("fairshare_published", as_of=snapshot.as_of, nodes=len(snapshot.records))
         return snapshot
 

@@ -19,10 +19,19 @@ from dataclasses import asdict, dataclass
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from prometheus_client import Counter, Gauge, Histogram
 
 from allmende.core.kafka_reading import LagWatch, wait_for_partitions
 from allmende.core.ledger_store import LedgerStore
+from allmende.core.metrics import (
+    WRITER,
+    WRITER_BATCH_SECONDS,
+    WRITER_DEAD_LETTERS,
+    WRITER_ENTRIES_READ,
+    WRITER_ENTRIES_STALE,
+    WRITER_LAG_RECORDS,
+    WRITER_POSTINGS_WRITTEN,
+    register,
+)
 from allmende.core.settings import Settings
 from allmende.domain.charging import PolicyTimeline, flat_policy
 from allmende.domain.postings import newest_per_entry, post
@@ -31,15 +40,6 @@ from allmende.schemas.ledger import LedgerEntry, decode_entries
 from allmende.streams.admin_log import AdminLog
 
 log = structlog.get_logger(__name__)
-
-ENTRIES_READ = Counter("allmende_writer_entries_read_total", "Ledger-entry records consumed")
-POSTINGS_WRITTEN = Counter("allmende_writer_postings_written_total", "Postings appended")
-ENTRIES_STALE = Counter(
-    "allmende_writer_entries_stale_total", "Entry versions already in the ledger (redelivery)"
-)
-DEAD_LETTERS = Counter("allmende_writer_dead_letters_total", "Records refused by the writer")
-BATCH_SECONDS = Histogram("allmende_writer_batch_seconds", "Time to post one batch")
-LAG = Gauge("allmende_writer_lag_records", "Records behind the end of the topic", ["partition"])
 
 _JOB_CACHE_MAX = 200_000
 
@@ -92,6 +92,7 @@ class LedgerWriter:
         consumer_name: str | None = None,
         admin_log: AdminLog | None = None,
     ) -> None:
+        register(WRITER)
         self.settings = settings
         self.store = store
         # The policy timeline comes from the admin log, read to its end before every batch.
@@ -142,10 +143,10 @@ class LedgerWriter:
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
         self._cache.accept(accepted.values())
-        ENTRIES_READ.inc(len(records))
-        ENTRIES_STALE.inc(len(entries) - len(accepted))
-        POSTINGS_WRITTEN.inc(len(postings))
-        DEAD_LETTERS.inc(refused)
+        WRITER_ENTRIES_READ.inc(len(records))
+        WRITER_ENTRIES_STALE.inc(len(entries) - len(accepted))
+        WRITER_POSTINGS_WRITTEN.inc(len(postings))
+        WRITER_DEAD_LETTERS.inc(refused)
         return BatchResult(len(records), len(postings), refused)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ class LedgerWriter:
             while not stop.is_set():
                 records = self._take(consumer, stop)
                 if records:
-                    with BATCH_SECONDS.time(), self.posting_lock:
+                    with WRITER_BATCH_SECONDS.time(), self.posting_lock:
                         admin_log.catch_up()
                         self.post_batch(records, dead_letter, admin_log.timeline())
                         producer.flush()
@@ -261,4 +262,4 @@ class LedgerWriter:
     def _update_lag(self, consumer: KafkaConsumer) -> None:
         behind = self._lag.check(consumer, list(consumer.assignment()))
         for tp, lag in (behind or {}).items():
-            LAG.labels(partition=str(tp.partition)).set(lag)
+            WRITER_LAG_RECORDS.labels(partition=str(tp.partition)).set(lag)

@@ -16,8 +16,8 @@ from typing import Any
 import faust
 import structlog
 from faust.types import EventT
-from prometheus_client import Counter
 
+from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, register
 from allmende.core.settings import Settings
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
@@ -26,9 +26,6 @@ from allmende.schemas.events import ContractError, JobEvent, parse_job_event
 from allmende.schemas.ledger import LedgerEntry, encode_entries
 
 log = structlog.get_logger(__name__)
-
-EVENTS_METERED = Counter("allmende_meter_events_total", "Job events metered")
-EVENTS_REFUSED = Counter("allmende_meter_dead_letters_total", "Job events sent to dead letter")
 
 # Events per batch and the longest a batch waits to fill: bounds both latency and memory.
 BATCH_MAX = 5_000
@@ -81,6 +78,7 @@ def _broker_url(bootstrap: str) -> str:
 
 
 def create_app(settings: Settings) -> faust.App:
+    register(METER)
     app = faust.App(
         settings.meter_app_id,
         broker=_broker_url(settings.kafka_bootstrap_servers),
@@ -123,7 +121,7 @@ def create_app(settings: Settings) -> faust.App:
     decoded = _DecodedMeters()
 
     async def refuse(event: EventT[bytes], reason: str) -> None:
-        EVENTS_REFUSED.inc()
+        METER_DEAD_LETTERS.inc()
         message = event.message
         log.warning("event_refused", reason=reason, partition=message.partition, offset=message.offset)
         record = DeadLetter.of(
@@ -175,6 +173,6 @@ def create_app(settings: Settings) -> faust.App:
                         timestamp=None,
                         headers=None,
                     )
-                EVENTS_METERED.inc(len(items))
+                METER_EVENTS.inc(len(items))
 
     return app

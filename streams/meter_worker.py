@@ -70,6 +70,8 @@ def main() -> None:
     configure_logging(settings)
     log.info("meter_loop", loop=settings.meter_loop, policy=loop_policy())
     ensure_topics(settings)
+    # faust makes only the last level of its datadir: a fresh ALLMENDE_STATE_DIR may not exist yet.
+    settings.meter_data_dir.mkdir(parents=True, exist_ok=True)
     serve_metrics(settings, "meter", settings.meter_metrics_port)
     app = create_app(settings)
     level = _FAUST_LEVELS.get(settings.log_level.upper(), "info")

@@ -15,14 +15,7 @@ import gc
 import time
 from typing import Any
 
-from prometheus_client import Histogram
-
-GC_PAUSE_SECONDS = Histogram(
-    "allmende_gc_pause_seconds",
-    "Garbage-collector pauses, by generation (2: full)",
-    ["generation"],
-    buckets=(1e-4, 1e-3, 5e-3, 2e-2, 1e-1, 0.5),
-)
+from allmende.core.metrics import GC, GC_PAUSE_SECONDS, register
 
 _started: list[float] = [0.0]
 _installed: list[bool] = [False]
@@ -44,5 +37,6 @@ def freeze_long_lived() -> None:
     gc.collect()
     gc.freeze()
     if not _installed[0]:
+        register(GC)
         gc.callbacks.append(_on_collection)
         _installed[0] = True
