@@ -11,14 +11,15 @@ import hashlib
 import re
 import threading
 from collections.abc import Sequence
-from pathlib import Path
+from importlib.resources import files
 from typing import Any
 
 import clickhouse_connect
 import structlog
 from clickhouse_connect.driver.client import Client
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "schemas" / "clickhouse"
+# The DDL ships in the package (schemas/clickhouse), read as a resource: installed or from a checkout.
+MIGRATIONS_DIR = files("allmende.schemas") / "clickhouse"
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,8 @@ class Database:
             for v, checksum in self.rows("SELECT version, checksum FROM {db}.schema_migrations FINAL")
         }
         done = []
-        for path in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
+        migrations = [p for p in MIGRATIONS_DIR.iterdir() if re.fullmatch(r"[0-9]{4}_.*\.sql", p.name)]
+        for path in sorted(migrations, key=lambda p: p.name):
             version = int(path.name[:4])
             text = path.read_text()
             checksum = hashlib.sha256(text.encode()).hexdigest()
