@@ -77,6 +77,21 @@ def _broker_url(bootstrap: str) -> str:
     return ";".join(f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip())
 
 
+async def _producer_knows(app: faust.App, topic: str) -> None:
+    """Wait until the producer's metadata has `topic`'s partitions.
+
+    A table write picks its changelog partition from the producer's metadata (use_partitioner),
+    without waiting for it. faust refreshes that metadata right after creating the changelog
+    topic, but the broker may not list a topic it has just created yet; the producer would then
+    not learn of it for metadata_max_age_ms (5 min), and the agent's first write would crash it
+    (TypeError in aiokafka's `_partition`), losing the batch in hand. aiokafka's `partitions_for`
+    asks again until the topic is there. Only ask once the topic is declared: a broker that
+    creates topics on request would otherwise make it, with its own defaults.
+    """
+    driver: Any = app.producer  # faust's aiokafka driver, around aiokafka's own producer
+    await driver._ensure_producer().partitions_for(topic)
+
+
 def create_app(settings: Settings) -> faust.App:
     register(METER)
     app = faust.App(
@@ -137,7 +152,11 @@ def create_app(settings: Settings) -> faust.App:
 
     @app.agent(job_events)
     async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
+        changelog_known = False
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+            if not changelog_known:  # events flow once the table has declared its changelog topic
+                await _producer_knows(app, meters.changelog_topic.get_topic_name())
+                changelog_known = True
             by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
             for event in batch:
                 try:
