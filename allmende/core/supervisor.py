@@ -51,6 +51,7 @@ class Child:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         *,
+        cwd: Path | None = None,
         session: bool = False,
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
@@ -58,8 +59,8 @@ class Child:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            argv, env=dict(env) if env is not None else None, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=session, preexec_fn=preexec_fn,
+            argv, env=dict(env) if env is not None else None, cwd=cwd, stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=session, preexec_fn=preexec_fn,
         )  # fmt: skip
 
     @property
