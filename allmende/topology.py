@@ -20,7 +20,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +76,7 @@ def with_roles(settings: Settings, roles: set[str]) -> Settings:
     return settings.model_copy(update={flag: role in roles for role, flag in API_ROLES.items()})
 
 
-async def _every(every_s: float, what: str, work: Any) -> None:
+async def _every(every_s: float, what: str, work: Callable[[], Awaitable[object]]) -> None:
     """Run `work()` every `every_s` seconds; a failure (Kafka or ClickHouse away) waits for the next round."""
     while True:
         await asyncio.sleep(every_s)
