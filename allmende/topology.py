@@ -86,14 +86,6 @@ async def _every(every_s: float, what: str, work: Callable[[], Awaitable[object]
             log.warning(f"{what}_failed", error=repr(exc))
 
 
-async def _release_due(service: AdmissionService) -> None:
-    """Release the holds of jobs that ended or never started; decisions the log did not take
-    (Kafka away) are sent again first."""
-    if failed := await service.record_unrecorded():
-        log.warning("admission_decisions_unrecorded", jobs=failed)
-    await service.release_due()
-
-
 @dataclass
 class Components:
     """What one API process runs beside its routes (None: that role is off)."""
@@ -159,7 +151,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     if admission is not None:
         # Often, so releases come in small batches instead of one burst that would stall the
         # decisions waiting behind it.
-        loops.append(_every(0.25, "hold_release", lambda: _release_due(admission)))
+        loops.append(_every(0.25, "hold_release", admission.release_due))
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
         writer=writer, fairshare=fairshare, admission=admission, alerter=alerter,

@@ -14,8 +14,8 @@ released when the job ends or never started).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
 from allmende.domain.metering import utilization_bp
@@ -103,6 +103,32 @@ class JobSeen:
             priority_class=self.priority_class, lane=self.lane, since=self.since, hosts=self.hosts,
             interactive=self.interactive, idle_since=self.idle_since,
         )  # fmt: skip
+
+
+# What an admit sets on the job (the rest comes from its lifecycle events, which a void keeps).
+_ADMIT_FIELDS = (
+    "cluster",
+    "project",
+    "user",
+    "gpus",
+    "priority_class",
+    "interactive",
+    "lane",
+    "admitted_at",
+    "since",
+)
+JobRecord = AdmissionDecided | HoldPlaced  # what a decision appends for its job
+
+
+@dataclass(frozen=True, slots=True)
+class Tentative:
+    """A decision and its hold folded before the log holds them, and what they replaced, so that
+    `AdmissionState.void` can take them back if the log does not take them in time."""
+
+    events: tuple[JobRecord, ...]
+    decision: AdmissionDecided | None
+    hold: Hold | None
+    job: JobSeen | None  # a copy of the job as it was (None: not seen before)
 
 
 @dataclass(slots=True)
@@ -208,6 +234,56 @@ class AdmissionState:
                 self.unhealthy.discard((event.cluster, event.host))
         return True
 
+    def apply_tentative(self, events: Sequence[JobRecord]) -> Tentative:
+        """Fold one job's decision (and hold) now, so the next decision sees its GPUs and units,
+        while the log is still to take them."""
+        job_id = events[0].job_id
+        assert all(e.job_id == job_id for e in events)
+        job = self.jobs.get(job_id)
+        before = Tentative(
+            tuple(events), self.decisions.get(job_id), self.holds.get(job_id), replace(job) if job else None
+        )
+        for event in events:
+            self.apply(event)
+        return before
+
+    def void(self, tentative: Tentative) -> None:
+        """Take back a tentative decision and hold: the state is as if they had never come (the
+        same events, appended to the log too late, are void there as well)."""
+        for event in tentative.events:
+            self._seen.discard(event.event_id)
+            job_id = event.job_id
+            if isinstance(event, HoldPlaced):
+                hold = self.holds.get(job_id)
+                if hold is not None and not hold.released:
+                    self.active_holds.get(hold.project, {}).pop(job_id, None)
+                    self._count_hold(hold, -1)
+                    self._ended.discard(job_id)
+                    self._due.pop(job_id, None)
+                if tentative.hold is None:
+                    self.holds.pop(job_id, None)
+                else:
+                    self.holds[job_id] = tentative.hold
+            elif isinstance(event, AdmissionDecided):
+                if tentative.decision is None:
+                    self.decisions.pop(job_id, None)
+                else:
+                    self.decisions[job_id] = tentative.decision
+        job_id = tentative.events[0].job_id
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        if tentative.job is None and job.last == (0, 0) and not job.busy_read_at and not job.low_read_at:
+            del self.jobs[job_id]  # seen only through the voided admit
+            for load in self.live.values():
+                load.pop(job_id)
+            return
+        for name in _ADMIT_FIELDS:  # as it was; lifecycle events folded meanwhile stay
+            setattr(
+                job, name, getattr(tentative.job, name) if tentative.job else getattr(JobSeen(job_id), name)
+            )
+        self._reindex(job)
+
     def observe(self, event: JobEvent) -> None:
         """Fold one job lifecycle event, in any order: the latest by (time, rank) decides."""
         job = self.jobs.setdefault(event.job_id, JobSeen(event.job_id))
@@ -280,9 +356,9 @@ class AdmissionState:
         """Jobs admitted `start_deadline_s` or longer ago: a reservation that did not start leaves
         its cluster's load for good, and a hold whose job holds no GPUs is due."""
         while self._start_deadlines and self._start_deadlines[0][0] + start_deadline_s <= now:
-            _, job_id = heapq.heappop(self._start_deadlines)
+            admitted_at, job_id = heapq.heappop(self._start_deadlines)
             job = self.jobs.get(job_id)
-            if job is None:
+            if job is None or job.admitted_at != admitted_at:  # an admit voided since
                 continue
             if not job.started and job.last == (0, 0) and job.cluster in self.live:
                 self.live[job.cluster].pop(job_id)

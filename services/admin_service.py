@@ -229,5 +229,5 @@ def _field(where: tuple[str | int, ...], default: str) -> str:
 
 
 def _content(event: AdminEvent) -> dict[str, object]:
-    """What a retry must repeat: everything but the instant, which the log sets."""
-    return event.model_dump(exclude={"occurred_at"})
+    """What a retry must repeat: everything but the instants the service sets."""
+    return event.model_dump(exclude={"occurred_at", "record_by"})

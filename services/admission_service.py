@@ -10,21 +10,29 @@ Decisions are made one at a time under a lock (microseconds: capacity and budget
 publishing happens outside it, in group commits (`services.group_commit`): concurrent requests share
 one record batch and one broker round trip. A request is answered only once its events are
 acknowledged by the broker: what was answered can be replayed.
+
+Kafka away: a decision is folded at once (the next decision must see its GPUs and units), and if
+the log has not taken it within `write_timeout_ms` it is taken back (`AdmissionState.void`) and
+the request answered 503. It never takes effect later: its events carry `record_by`, and a copy
+the producer delivers once Kafka is back is void wherever the log is read (`appended_late`). The
+same job asked again then gets a fresh decision.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
 
-from allmende.core.kafka_reading import LagWatch, read_to_end, replaying_consumer
+from allmende.core.kafka_reading import LagWatch, appended_late, read_to_end, replaying_consumer
 from allmende.core.metrics import ADMISSION, ADMISSION_DECIDE_SECONDS, ADMISSION_DECISIONS, register
 from allmende.core.settings import Settings
 from allmende.domain.admission import decide
@@ -35,7 +43,7 @@ from allmende.domain.admission_model import (
     RunningJob,
     Victim,
 )
-from allmende.domain.admission_state import AdmissionState, JobSeen
+from allmende.domain.admission_state import AdmissionState, JobRecord, JobSeen, Tentative
 from allmende.domain.budget_view import ChargeRowsCache, budget_lines
 from allmende.domain.preemption import Reach, plan_victims
 from allmende.domain.squatting import SquatRule
@@ -54,7 +62,6 @@ from allmende.schemas.admission_events import (
 )
 from allmende.schemas.events import ContractError, parse_job_event
 from allmende.services.group_commit import GroupCommit
-from allmende.services.pending_records import NotRecorded, PendingRecords
 from allmende.streams.admin_log import AdminLog
 from allmende.streams.fairshare_calculator import FairShareCalculator
 
@@ -79,6 +86,17 @@ class AdmissionNotRecorded(RuntimeError):
         super().__init__(f"{what} could not be recorded in the admission log ({cause!r}); {again}")
 
 
+@dataclass
+class _InFlight:
+    """A decision folded tentatively, on its way to the log."""
+
+    decided: AdmissionDecided
+    tentative: Tentative
+    sent: asyncio.Future[int | None]  # the broker's append time (ms), or None if it does not stamp
+    deadline: float  # monotonic: past it the request is answered 503 and the decision voided
+    voided: list[bool] = field(default_factory=lambda: [False])
+
+
 class AdmissionService:
     def __init__(
         self,
@@ -97,10 +115,8 @@ class AdmissionService:
         self._producer: AIOKafkaProducer | None = None
         self._log: GroupCommit | None = None
         self._charges = ChargeRowsCache()
-        # Decided (in the state) but not yet acknowledged by the log, per job; and the recorded
-        # decision of a queued job decided again, shown until the new one is recorded.
-        self._pending: PendingRecords[AdmissionEvent] = PendingRecords(self._submit)
-        self._shown: dict[str, AdmissionDecided] = {}
+        # Decided (folded tentatively) but not yet acknowledged by the log, per job.
+        self._inflight: dict[str, _InFlight] = {}
         self._release_retry: list[HoldReleased] = []  # releases the log did not take
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
@@ -151,9 +167,14 @@ class AdmissionService:
 
         def fold(record: Any) -> None:
             try:
-                state.apply(parse_admission_event(record.value))
+                event = parse_admission_event(record.value)
             except ContractError as exc:
                 log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
+                return
+            if appended_late(record, event.record_by):  # answered 503, delivered later: void
+                log.info("admission_event_void", event_id=event.event_id, offset=record.offset)
+                return
+            state.apply(event)
 
         try:
             events = read_to_end(consumer, tp, fold)
@@ -195,14 +216,30 @@ class AdmissionService:
             finally:
                 consumer.close(autocommit=False)
 
-    def _submit(self, events: Sequence[AdmissionEvent]) -> asyncio.Future[None]:
-        """Queue events for the admission log now; the future is done once it has them."""
+    def _submit(self, events: Sequence[AdmissionEvent]) -> asyncio.Future[int | None]:
+        """Queue events for the admission log now; the future is done once it has them, with the
+        broker's append time."""
         if self._log is None:
             raise RuntimeError("the admission service has not started")
         return self._log.submit([(e.key.encode(), encode_admission_event(e)) for e in events])
 
     async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
         await asyncio.shield(self._submit(events))
+
+    def _record_by(self) -> tuple[float, int]:
+        """(monotonic deadline of the answer, `record_by` of the events). The events must be
+        appended a little before the answer is given up on: an acknowledgement on its way when
+        the request is answered 503 would otherwise leave a valid record behind it."""
+        timeout_ms = self.settings.write_timeout_ms
+        margin_ms = min(100, timeout_ms // 2)
+        return time.monotonic() + timeout_ms / 1000, time.time_ns() // 1_000_000 + timeout_ms - margin_ms
+
+    async def _written(self, sent: asyncio.Future[int | None], deadline: float, record_by: int) -> None:
+        """Wait (shielded) for the log to take events by `deadline`; raise if it did not, or did
+        too late (then the copy there is void)."""
+        appended = await asyncio.wait_for(asyncio.shield(sent), timeout=max(0.0, deadline - time.monotonic()))
+        if appended is not None and appended > record_by:
+            raise TimeoutError(f"appended at {appended} ms, after its record-by instant {record_by} ms")
 
     # -- deciding ------------------------------------------------------------------------------
     def validate(self, request: JobRequest) -> None:
@@ -256,38 +293,66 @@ class AdmissionService:
 
     async def admit(self, request: JobRequest, actor: str, dry_run: bool = False) -> AdmissionDecided:
         """Decide for one job; the same job id gets the same admit or reject again, not a second
-        hold. Answered once the decision is in the admission log."""
+        hold. Answered once the decision is in the admission log; not in it within
+        `write_timeout_ms` (Kafka away), it is taken back and AdmissionNotRecorded raised."""
         now = self.now()
         with self._lock:
             self.validate(request)
             prior = self.state.decisions.get(request.job_id)
-            # Final, or not yet recorded: answered as decided (a queued job is decided again).
-            if prior is not None and (prior.verdict != "queue" or request.job_id in self._pending):
-                if _request_of(prior) != request:
+            inflight = self._inflight.get(request.job_id)
+            if inflight is not None or (prior is not None and prior.verdict != "queue"):
+                answer = inflight.decided if inflight is not None else prior
+                assert answer is not None
+                if _request_of(answer) != request:
                     raise AdmissionRefused(
                         409,
                         f"job {request.job_id} was decided with other parameters; a new job needs a new id",
                     )
-                answer = prior
-                if dry_run:
-                    return answer  # what would happen: this, without waiting for the log
+                if dry_run or inflight is None:
+                    return answer  # recorded (or, dry, what would happen: this)
             else:
-                answer, events = self._decide(request, prior, now, actor)
+                deadline, record_by = self._record_by()
+                answer, events = self._decide(request, prior, now, actor, record_by)
                 if dry_run:
                     return answer
-                for event in events:
-                    self.state.apply(event)
-                self._pending.add(request.job_id, events)
-                if prior is not None:
-                    self._shown[request.job_id] = prior
+                tentative = self.state.apply_tentative(events)
+                try:
+                    sent = self._submit(events)  # queued now: the decisions of this turn share a commit
+                except Exception as exc:  # the log is stopped: not even queued
+                    self.state.void(tentative)
+                    raise self._not_recorded(request.job_id, exc) from exc
+                inflight = _InFlight(answer, tentative, sent, deadline)
+                self._inflight[request.job_id] = inflight
+                sent.add_done_callback(functools.partial(_settled, inflight))
                 ADMISSION_DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
-        await self._recorded(request.job_id)  # a repeat too: it answers only what the log holds
+        try:
+            await self._written(inflight.sent, inflight.deadline, answer.record_by or 0)
+        except Exception as exc:
+            self._void(request.job_id, inflight)
+            raise self._not_recorded(request.job_id, exc) from exc
+        with self._lock:
+            if self._inflight.get(request.job_id) is inflight:
+                del self._inflight[request.job_id]
         return answer
 
+    def _not_recorded(self, job_id: str, exc: BaseException) -> AdmissionNotRecorded:
+        return AdmissionNotRecorded(
+            f"the decision for job {job_id}", exc, "it has no effect; ask again with the same job id"
+        )
+
+    def _void(self, job_id: str, inflight: _InFlight) -> None:
+        """Take a decision back that the log did not take in time (once, whoever asks first)."""
+        with self._lock:
+            if inflight.voided[0]:
+                return
+            inflight.voided[0] = True
+            self.state.void(inflight.tentative)
+            if self._inflight.get(job_id) is inflight:
+                del self._inflight[job_id]
+        log.warning("admission_decision_voided", job_id=job_id, event_id=inflight.decided.event_id)
+
     # -- the simulator's entry points: the same decisions, recorded by the caller ---------------
-    def decide_unrecorded(
-        self, request: JobRequest, actor: str
-    ) -> tuple[AdmissionDecided, list[AdmissionEvent]]:
+    def decide_unrecorded(self, request: JobRequest, actor: str) -> tuple[AdmissionDecided, list[JobRecord]]:
         """Decide and fold as `admit` does, without the admission log: for the what-if simulator,
         which runs on its own clock and records the events itself, in order, on its own topic. A
         final decision is answered again without events; so is a queue answer for a job already
@@ -297,7 +362,7 @@ class AdmissionService:
             prior = self.state.decisions.get(request.job_id)
             if prior is not None and prior.verdict != "queue":
                 return prior, []
-            answer, events = self._decide(request, prior, self.now(), actor)
+            answer, events = self._decide(request, prior, self.now(), actor, None)
             if prior is not None and answer.verdict == "queue":
                 return answer, []
             for event in events:
@@ -340,8 +405,8 @@ class AdmissionService:
             )
 
     def _decide(
-        self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str
-    ) -> tuple[AdmissionDecided, list[AdmissionEvent]]:
+        self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str, record_by: int | None
+    ) -> tuple[AdmissionDecided, list[JobRecord]]:
         """The decision and the events that record it. Call with the lock held."""
         self._require_ready()
         started = time.perf_counter()
@@ -350,8 +415,8 @@ class AdmissionService:
         attempt = prior.attempt + 1 if prior is not None else 1
         decided = AdmissionDecided(
             event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,
-            job_id=request.job_id, project=request.project, user=request.user, cluster=request.cluster,
-            gpu_type=request.gpu_type, gpus=request.gpus,
+            record_by=record_by, job_id=request.job_id, project=request.project, user=request.user,
+            cluster=request.cluster, gpu_type=request.gpu_type, gpus=request.gpus,
             priority_class=request.priority_class,
             interactive=request.interactive, requested_seconds=request.requested_seconds, attempt=attempt,
             verdict=decision.verdict.value, lane=decision.lane.value if decision.lane else None,
@@ -362,13 +427,14 @@ class AdmissionService:
             fairshare_factor=decision.fairshare_factor,
             preempt=tuple(_victim_record(v) for v in decision.preempt),
         )  # fmt: skip
-        events: list[AdmissionEvent] = [decided]
+        events: list[JobRecord] = [decided]
         if decision.hold:
             events.append(
                 HoldPlaced(
                     event_id=f"hold:{request.job_id}:{attempt}",
                     occurred_at=now,
                     actor=actor,
+                    record_by=record_by,
                     job_id=request.job_id,
                     project=request.project,
                     allocations=decision.hold,
@@ -377,31 +443,11 @@ class AdmissionService:
             )
         return decided, events
 
-    async def _recorded(self, job_id: str) -> None:
-        """Return once the job's decision is in the admission log (sending it if no one is). If
-        the log does not take it, it stays in the state (its GPUs and hold counted, which is
-        safe) and the next ask for the job, or `record_unrecorded`, sends it again."""
-        try:
-            await self._pending.recorded(job_id)
-        except NotRecorded as exc:
-            raise AdmissionNotRecorded(
-                f"the decision for job {job_id}", exc.__cause__ or exc, "ask again with the same job id"
-            ) from exc
-        self._shown.pop(job_id, None)
-
-    async def record_unrecorded(self) -> int:
-        """Send again what was decided but not acknowledged, whether or not its job is asked
-        again, so the log catches up with the state once Kafka is back; how many the log still
-        did not take."""
-        left = await self._pending.retry_all()
-        for job_id in [j for j in self._shown if j not in self._pending]:
-            del self._shown[job_id]
-        return left
-
     def decision(self, job_id: str) -> AdmissionDecided | None:
         """The decision the admission log holds for the job (one still being recorded is not)."""
-        if job_id in self._pending:
-            return self._shown.get(job_id)
+        inflight = self._inflight.get(job_id)
+        if inflight is not None:
+            return inflight.tentative.decision
         return self.state.decisions.get(job_id)
 
     def preemption_plan(self, cluster: str, gpus: int) -> tuple[tuple[Victim, ...], int]:
@@ -424,10 +470,11 @@ class AdmissionService:
         if cluster not in self.admin_log.state.clusters:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
         now = self.now()
-        event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()))
+        deadline, record_by = self._record_by()
+        event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()), record_by)
         try:
-            await self._publish([event])
-        except Exception as exc:  # Kafka away: no effect, here or after a restart
+            await self._written(self._submit([event]), deadline, record_by)
+        except Exception as exc:  # Kafka away: no effect, here or after a restart (void there)
             raise AdmissionNotRecorded(f"the report on host {host}", exc, "report it again") from exc
         with self._lock:  # in effect once the log has it, as it will be after a restart
             self.state.apply(event)
@@ -445,7 +492,7 @@ class AdmissionService:
             due = [
                 (job_id, reason)
                 for job_id, reason in self.state.releasable(now, self.settings.admission_start_deadline_s)
-                if job_id not in self._pending
+                if job_id not in self._inflight
             ]
         released: list[HoldReleased] = []
         retry, self._release_retry = self._release_retry, []
@@ -507,6 +554,17 @@ class AdmissionService:
             return self.state.held(self.calculator.usage.jobs, project)
 
 
+def _settled(inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
+    """A send finished. One taken in time after its decision was voided (its acknowledgement
+    later than the answer's deadline, though appended before `record_by`) is the one case where
+    the log holds what the requester was told it does not: said loudly."""
+    if not inflight.voided[0] or sent.cancelled() or sent.exception() is not None:
+        return
+    appended, record_by = sent.result(), inflight.decided.record_by
+    if appended is None or record_by is None or appended <= record_by:
+        log.error("admission_recorded_after_refusal", job_id=inflight.decided.job_id, appended_ms=appended)
+
+
 def _attempt(state: AdmissionState, job_id: str) -> int:
     decided = state.decisions.get(job_id)
     return decided.attempt if decided is not None else 1
@@ -521,15 +579,22 @@ def _request_of(decided: AdmissionDecided) -> JobRequest:
 
 
 def _host_event(
-    cluster: str, host: str, healthy: bool, reason: str, actor: str, now: int, nonce: str
+    cluster: str,
+    host: str,
+    healthy: bool,
+    reason: str,
+    actor: str,
+    now: int,
+    nonce: str,
+    record_by: int | None = None,
 ) -> AdmissionEvent:
     """A host report; `nonce` makes its id (the wall clock's nanoseconds live, the instant in a
     simulation, where reports are deterministic)."""
     if healthy:
         return HostRecovered(event_id=f"host:{cluster}/{host}:ok:{nonce}", occurred_at=now, actor=actor,
-                             cluster=cluster, host=host)  # fmt: skip
+                             cluster=cluster, host=host, record_by=record_by)  # fmt: skip
     return HostUnhealthy(event_id=f"host:{cluster}/{host}:bad:{nonce}", occurred_at=now, actor=actor,
-                         cluster=cluster, host=host, reason=reason)  # fmt: skip
+                         cluster=cluster, host=host, reason=reason, record_by=record_by)  # fmt: skip
 
 
 def _victim_record(victim: Victim) -> VictimRecord:

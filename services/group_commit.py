@@ -28,19 +28,21 @@ Record = tuple[bytes, bytes]  # key, value
 MAX_RECORD_BYTES = 1_000_000
 
 
-Group = list[tuple[Sequence[Record], asyncio.Future[None]]]  # each caller's records, and its future
+# Each caller's records, and its future: done with the broker's append time (ms; None when the
+# topic keeps the producer's time) once they are acknowledged.
+Group = list[tuple[Sequence[Record], asyncio.Future[int | None]]]
 
 
 def fill_batches(
     create_batch: Callable[[], BatchBuilder], group: Group
-) -> list[tuple[BatchBuilder, list[asyncio.Future[None]]]]:
+) -> list[tuple[BatchBuilder, list[asyncio.Future[int | None]]]]:
     """The group's records in as few batches as fit, in order, each with the callers in it.
 
     A caller's records never straddle two batches unless they are more than one batch holds:
     one batch may be acknowledged while the next fails, and a decision recorded without its
     hold would replay as an admit that holds nothing."""
-    batches: list[tuple[BatchBuilder, list[asyncio.Future[None]]]] = []
-    batch, inside, callers = create_batch(), list[Record](), list[asyncio.Future[None]]()
+    batches: list[tuple[BatchBuilder, list[asyncio.Future[int | None]]]] = []
+    batch, inside, callers = create_batch(), list[Record](), list[asyncio.Future[int | None]]()
     for records, future in group:
         taken = 0
         for key, value in records:
@@ -76,7 +78,7 @@ def _fail(group: Group, exc: BaseException) -> None:
             future.set_exception(exc)
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
+def _retrieved(future: asyncio.Future[int | None]) -> None:
     """Mark a failure as seen: the caller may have gone away and would never read it."""
     if not future.cancelled():
         future.exception()
@@ -112,16 +114,17 @@ class GroupCommit:
         left, self._inflight, self._queue = self._inflight + self._queue, [], []
         _fail(left, RuntimeError("the group commit stopped before the broker acknowledged"))
 
-    def submit(self, records: Sequence[Record]) -> asyncio.Future[None]:
+    def submit(self, records: Sequence[Record]) -> asyncio.Future[int | None]:
         """Queue `records` now (requests decided in this turn of the loop share a commit); the
-        future is done once they are acknowledged, in this order, or failed. Await it shielded:
+        future is done once they are acknowledged, in this order (with the broker's append time
+        of their batch), or failed. Await it shielded:
         cancelling it would not take the records back."""
         if self._task is None:
             raise RuntimeError("the group commit has not started")
         for key, value in records:
             if len(key) + len(value) > MAX_RECORD_BYTES:
                 raise ValueError(f"a record of {len(key) + len(value):,} bytes is above {MAX_RECORD_BYTES:,}")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieved)
         self._queue.append((records, future))
         self._wake.set()
@@ -151,6 +154,7 @@ class GroupCommit:
         started = time.perf_counter()
         batches = fill_batches(self._producer.create_batch, group)
         failed: dict[int, BaseException] = {}
+        appended: dict[int, int | None] = {}
         acks = []
         for batch, callers in batches:
             try:
@@ -162,9 +166,13 @@ class GroupCommit:
             if ack is None:
                 continue
             try:
-                await ack
+                metadata = await ack
             except Exception as exc:  # the broker refused the batch or went away
                 failed.update((id(f), exc) for f in callers)
+                continue
+            stamped = metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
+            for f in callers:  # a caller split over batches: the last one's time
+                appended[id(f)] = stamped
         self.batches += len(batches)
         GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
         GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
@@ -174,4 +182,4 @@ class GroupCommit:
             if id(future) in failed:
                 future.set_exception(failed[id(future)])
             else:
-                future.set_result(None)
+                future.set_result(appended.get(id(future)))

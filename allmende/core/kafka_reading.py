@@ -55,6 +55,16 @@ def read_to_end(
     return count
 
 
+LOG_APPEND_TIME = 1  # a record's timestamp type when the broker set it on append
+
+
+def appended_late(record: Any, record_by: int | None) -> bool:
+    """The record reached the log after the instant its event had to be recorded by (`record_by`,
+    UTC ms): its writer answered 503, so it is void. Only a topic whose timestamps the broker sets
+    on append (`message.timestamp.type=LogAppendTime`) can tell; others count every record."""
+    return record_by is not None and record.timestamp_type == LOG_APPEND_TIME and record.timestamp > record_by
+
+
 class LagWatch:
     """How far a consumer is behind the end of its partitions, checked at most every `every_s`."""
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 import structlog
 from kafka import KafkaAdminClient
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from allmende.core.settings import Settings
 
 log = structlog.get_logger(__name__)
+APPEND_TIME = "message.timestamp.type"
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,17 @@ class TopicSpec:
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     keep_forever = {"retention.ms": "-1", "retention.bytes": "-1"}
+    # The logs whose writers answer requests: the broker stamps each record on append, so a record
+    # appended after its event's `record_by` (its writer answered 503) is known to be void.
+    stamped = {**keep_forever, APPEND_TIME: "LogAppendTime"}
     return [
         # The source of truth: every projection is rebuilt from these, so they are never expired.
         TopicSpec(settings.job_events_topic, settings.topic_partitions, keep_forever),
         TopicSpec(settings.ledger_entries_topic, settings.topic_partitions, keep_forever),
         # One partition: the admin log is one total order, the audit trail.
-        TopicSpec(settings.admin_events_topic, 1, keep_forever),
+        TopicSpec(settings.admin_events_topic, 1, stamped),
         # The admission service's own log: decisions, holds, host health; it rebuilds from it.
-        TopicSpec(settings.admission_topic, 1, keep_forever),
+        TopicSpec(settings.admission_topic, 1, stamped),
         TopicSpec(settings.dead_letter_topic, 1, keep_forever),
         # Burn warnings, once per crossing; the alerter rebuilds what it has sent from it.
         TopicSpec(settings.alerts_topic, 1, keep_forever),
@@ -44,7 +48,18 @@ def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> N
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers, client_id="allmende-admin")
     try:
         existing = set(admin.list_topics())
-        missing = [s for s in (specs or topic_specs(settings)) if s.name not in existing]
+        wanted = specs or topic_specs(settings)
+        missing = [s for s in wanted if s.name not in existing]
+        # Topics made before their records were stamped on append: stamped from now on.
+        stamp = [s.name for s in wanted if s.name in existing and s.config.get(APPEND_TIME)]
+        if stamp:
+            admin.alter_configs(
+                [
+                    ConfigResource(ConfigResourceType.TOPIC, name, {APPEND_TIME: "LogAppendTime"})
+                    for name in stamp
+                ],
+                incremental=True,
+            )
         if not missing:
             return
         with contextlib.suppress(TopicAlreadyExistsError):  # a concurrent starter was first

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     # How long the API waits at start for the ledger replay behind admission before serving.
     startup_replay_timeout_s: float = Field(default=120.0, ge=0)
 
+    # Kafka away: a write (admission, host report, admin command) not in its log by then is
+    # answered 503 and never takes effect; a read waits this long for news, then answers from the
+    # last state it has, saying how old that is.
+    write_timeout_ms: int = Field(default=250, ge=20, le=60_000)
+    read_timeout_ms: int = Field(default=250, ge=10, le=60_000)
+
     # Admission: an admitted job that has not started by then frees its GPUs and its hold.
     admission_enabled: bool = True
     admission_start_deadline_s: int = Field(default=3600, ge=1)

@@ -144,3 +144,27 @@ def test_the_indexes_agree_with_a_plain_recount(seed: int) -> None:
                 ).items():
                     recount[allocation] = recount.get(allocation, 0) + units  # fmt: skip
         assert state.held(charges) == recount
+
+
+def _view(state: AdmissionState, now: int) -> tuple[object, ...]:
+    """What decisions read: GPUs in use on the cluster, units held, decisions and what is due."""
+    return (_ids(state, now), state.held({}), dict(state.decisions), state.releasable(now, DEADLINE))
+
+
+@pytest.mark.parametrize("seen_before", [False, True], ids=["a job seen first", "a job already running"])
+def test_a_voided_decision_leaves_the_state_as_if_it_had_never_come(seen_before: bool) -> None:
+    events = [decided("b"), hold("b", ("x", 10))]
+    before = AdmissionState.of(
+        [decided("a"), hold("a", ("x", 5))], [started("b", T - 5)] if seen_before else []
+    )
+    expected = _view(before, T + 10)
+    tentative = before.apply_tentative(events)
+    assert "b" in before.decisions and before.held({}) == {"x": 15}
+    before.void(tentative)
+    assert _view(before, T + 10) == expected
+    assert _view(before, T + DEADLINE + 10) == _view(
+        AdmissionState.of([decided("a"), hold("a", ("x", 5))], [started("b", T - 5)] if seen_before else []),
+        T + DEADLINE + 10,
+    )  # no start deadline of the voided admit left behind
+    # The same events, decided afresh, count as if for the first time.
+    assert all(before.apply(e) for e in events) and before.held({}) == {"x": 15}
