@@ -146,7 +146,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         # Expire allocations whose period has ended; the events' ids make a repeat harmless.
         _every(s.expiry_check_s, "expiry", lambda: run_in_threadpool(admin.expire_due)),
         # Keep the admin state the dashboards read caught up with the log.
-        _every(ADMIN_FOLLOW_S, "admin_follow", lambda: run_in_threadpool(admin_log.catch_up)),
+        _every(ADMIN_FOLLOW_S, "admin_follow", lambda: run_in_threadpool(admin_log.read_state)),
     ]
     if admission is not None:
         # Often, so releases come in small batches instead of one burst that would stall the

@@ -24,9 +24,6 @@ class _Envelope(BaseModel):
     schema_version: Literal[1] = 1
     occurred_at: UnixSeconds
     actor: Identifier
-    # The latest broker append time (UTC ms) at which this event counts: its writer answered no
-    # (503) past it, so appended later (a producer that delivered once Kafka was back) it is void.
-    record_by: Annotated[int, Field(ge=0)] | None = None
 
     # The record key on the topic, filled from the event's fields: "node:{node_id}".
     KEY: ClassVar[str]

@@ -22,7 +22,7 @@ from allmende.domain.balances import ProjectBalance, project_balance, segments
 from allmende.domain.plan import Change, PlanConflict, diff
 from allmende.domain.plan_file import PlanInvalid, locate, parse_plan
 from allmende.schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
-from allmende.streams.admin_log import AdminLog
+from allmende.streams.admin_log import AdminLog, NotRecorded
 from allmende.streams.ledger_writer import LedgerWriter
 
 log = structlog.get_logger(__name__)
@@ -59,7 +59,15 @@ class AdminService:
         return int(self.clock())
 
     def state(self) -> AdminState:
-        return self.log.catch_up()
+        """For reads: the state caught up, or as last caught up when Kafka is away."""
+        return self.log.read_state()
+
+    def _current(self) -> AdminState:
+        """For commands: the state caught up to the end of the log, or NotRecorded (Kafka away)."""
+        try:
+            return self.log.catch_up(self.log.settings.write_timeout_ms / 1000)
+        except Exception as exc:
+            raise NotRecorded(f"the admin log cannot be read ({exc!r})") from exc
 
     # -- commands -----------------------------------------------------------------------------
     def submit(self, events: Sequence[AdminEvent]) -> Outcome:
@@ -73,7 +81,7 @@ class AdminService:
 
     def _submit(self, events: Sequence[AdminEvent]) -> Outcome:
         with self._posting_paused(events):
-            state = self.state()
+            state = self._current()
             trial = state.copy()
             # One clock for the log: never behind its last event, so an as-of replay by time
             # folds every event after the ones it depends on.
@@ -229,5 +237,5 @@ def _field(where: tuple[str | int, ...], default: str) -> str:
 
 
 def _content(event: AdminEvent) -> dict[str, object]:
-    """What a retry must repeat: everything but the instants the service sets."""
-    return event.model_dump(exclude={"occurred_at", "record_by"})
+    """What a retry must repeat: everything but the instant, which the log sets."""
+    return event.model_dump(exclude={"occurred_at"})

@@ -13,14 +13,16 @@ acknowledged by the broker: what was answered can be replayed.
 
 Kafka away: a decision is folded at once (the next decision must see its GPUs and units), and if
 the log has not taken it within `write_timeout_ms` it is taken back (`AdmissionState.void`) and
-the request answered 503. It never takes effect later: its events carry `record_by`, and a copy
-the producer delivers once Kafka is back is void wherever the log is read (`appended_late`). The
+the request answered 503. It never takes effect later: its records carry a `record_by` header,
+and a copy the producer delivers once Kafka is back is void wherever the log is read
+(`allmende.core.kafka_reading.appended_late`). The
 same job asked again then gets a fresh decision.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -32,7 +34,13 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from kafka import TopicPartition
 
-from allmende.core.kafka_reading import LagWatch, appended_late, read_to_end, replaying_consumer
+from allmende.core.kafka_reading import (
+    LagWatch,
+    appended_late,
+    read_to_end,
+    record_by_header,
+    replaying_consumer,
+)
 from allmende.core.metrics import ADMISSION, ADMISSION_DECIDE_SECONDS, ADMISSION_DECISIONS, register
 from allmende.core.settings import Settings
 from allmende.domain.admission import decide
@@ -66,6 +74,7 @@ from allmende.streams.admin_log import AdminLog
 from allmende.streams.fairshare_calculator import FairShareCalculator
 
 log = structlog.get_logger(__name__)
+STOP_TIMEOUT_S = 5.0  # how long a stop waits for the broker to take what is still on its way
 
 
 RELEASE_CHUNK = 50  # hold releases per turn of the event loop
@@ -94,6 +103,7 @@ class _InFlight:
     tentative: Tentative
     sent: asyncio.Future[int | None]  # the broker's append time (ms), or None if it does not stamp
     deadline: float  # monotonic: past it the request is answered 503 and the decision voided
+    record_by: int  # UTC ms: appended later, its records are void
     voided: list[bool] = field(default_factory=lambda: [False])
 
 
@@ -154,7 +164,9 @@ class AdmissionService:
         if self._log is not None:
             await self._log.stop()
         if self._producer is not None:
-            await self._producer.stop()
+            # Kafka away, the producer would wait for its batches for good: they are void anyway.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._producer.stop(), STOP_TIMEOUT_S)
         if self._jobs_thread is not None:
             await asyncio.to_thread(self._jobs_thread.join, 10)
 
@@ -171,7 +183,7 @@ class AdmissionService:
             except ContractError as exc:
                 log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
                 return
-            if appended_late(record, event.record_by):  # answered 503, delivered later: void
+            if appended_late(record):  # answered 503, delivered later: void
                 log.info("admission_event_void", event_id=event.event_id, offset=record.offset)
                 return
             state.apply(event)
@@ -216,18 +228,21 @@ class AdmissionService:
             finally:
                 consumer.close(autocommit=False)
 
-    def _submit(self, events: Sequence[AdmissionEvent]) -> asyncio.Future[int | None]:
-        """Queue events for the admission log now; the future is done once it has them, with the
-        broker's append time."""
+    def _submit(
+        self, events: Sequence[AdmissionEvent], record_by: int | None = None
+    ) -> asyncio.Future[int | None]:
+        """Queue events for the admission log now (void if appended after `record_by`); the future
+        is done once it has them, with the broker's append time."""
         if self._log is None:
             raise RuntimeError("the admission service has not started")
-        return self._log.submit([(e.key.encode(), encode_admission_event(e)) for e in events])
+        headers = record_by_header(record_by) if record_by is not None else []
+        return self._log.submit([(e.key.encode(), encode_admission_event(e), headers) for e in events])
 
     async def _publish(self, events: Sequence[AdmissionEvent]) -> None:
         await asyncio.shield(self._submit(events))
 
     def _record_by(self) -> tuple[float, int]:
-        """(monotonic deadline of the answer, `record_by` of the events). The events must be
+        """(monotonic deadline of the answer, `record_by` of its records). They must be
         appended a little before the answer is given up on: an acknowledgement on its way when
         the request is answered 503 would otherwise leave a valid record behind it."""
         timeout_ms = self.settings.write_timeout_ms
@@ -312,21 +327,21 @@ class AdmissionService:
                     return answer  # recorded (or, dry, what would happen: this)
             else:
                 deadline, record_by = self._record_by()
-                answer, events = self._decide(request, prior, now, actor, record_by)
+                answer, events = self._decide(request, prior, now, actor)
                 if dry_run:
                     return answer
                 tentative = self.state.apply_tentative(events)
                 try:
-                    sent = self._submit(events)  # queued now: the decisions of this turn share a commit
+                    sent = self._submit(events, record_by)  # queued now: this turn's decisions share a commit
                 except Exception as exc:  # the log is stopped: not even queued
                     self.state.void(tentative)
                     raise self._not_recorded(request.job_id, exc) from exc
-                inflight = _InFlight(answer, tentative, sent, deadline)
+                inflight = _InFlight(answer, tentative, sent, deadline, record_by)
                 self._inflight[request.job_id] = inflight
                 sent.add_done_callback(functools.partial(_settled, inflight))
                 ADMISSION_DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
         try:
-            await self._written(inflight.sent, inflight.deadline, answer.record_by or 0)
+            await self._written(inflight.sent, inflight.deadline, inflight.record_by)
         except Exception as exc:
             self._void(request.job_id, inflight)
             raise self._not_recorded(request.job_id, exc) from exc
@@ -362,7 +377,7 @@ class AdmissionService:
             prior = self.state.decisions.get(request.job_id)
             if prior is not None and prior.verdict != "queue":
                 return prior, []
-            answer, events = self._decide(request, prior, self.now(), actor, None)
+            answer, events = self._decide(request, prior, self.now(), actor)
             if prior is not None and answer.verdict == "queue":
                 return answer, []
             for event in events:
@@ -405,7 +420,7 @@ class AdmissionService:
             )
 
     def _decide(
-        self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str, record_by: int | None
+        self, request: JobRequest, prior: AdmissionDecided | None, now: int, actor: str
     ) -> tuple[AdmissionDecided, list[JobRecord]]:
         """The decision and the events that record it. Call with the lock held."""
         self._require_ready()
@@ -415,7 +430,7 @@ class AdmissionService:
         attempt = prior.attempt + 1 if prior is not None else 1
         decided = AdmissionDecided(
             event_id=f"decision:{request.job_id}:{attempt}", occurred_at=now, actor=actor,
-            record_by=record_by, job_id=request.job_id, project=request.project, user=request.user,
+            job_id=request.job_id, project=request.project, user=request.user,
             cluster=request.cluster, gpu_type=request.gpu_type, gpus=request.gpus,
             priority_class=request.priority_class,
             interactive=request.interactive, requested_seconds=request.requested_seconds, attempt=attempt,
@@ -434,7 +449,6 @@ class AdmissionService:
                     event_id=f"hold:{request.job_id}:{attempt}",
                     occurred_at=now,
                     actor=actor,
-                    record_by=record_by,
                     job_id=request.job_id,
                     project=request.project,
                     allocations=decision.hold,
@@ -471,9 +485,9 @@ class AdmissionService:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
         now = self.now()
         deadline, record_by = self._record_by()
-        event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()), record_by)
+        event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()))
         try:
-            await self._written(self._submit([event]), deadline, record_by)
+            await self._written(self._submit([event], record_by), deadline, record_by)
         except Exception as exc:  # Kafka away: no effect, here or after a restart (void there)
             raise AdmissionNotRecorded(f"the report on host {host}", exc, "report it again") from exc
         with self._lock:  # in effect once the log has it, as it will be after a restart
@@ -560,8 +574,8 @@ def _settled(inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
     the log holds what the requester was told it does not: said loudly."""
     if not inflight.voided[0] or sent.cancelled() or sent.exception() is not None:
         return
-    appended, record_by = sent.result(), inflight.decided.record_by
-    if appended is None or record_by is None or appended <= record_by:
+    appended = sent.result()
+    if appended is None or appended <= inflight.record_by:
         log.error("admission_recorded_after_refusal", job_id=inflight.decided.job_id, appended_ms=appended)
 
 
@@ -592,9 +606,9 @@ def _host_event(
     simulation, where reports are deterministic)."""
     if healthy:
         return HostRecovered(event_id=f"host:{cluster}/{host}:ok:{nonce}", occurred_at=now, actor=actor,
-                             cluster=cluster, host=host, record_by=record_by)  # fmt: skip
+                             cluster=cluster, host=host)  # fmt: skip
     return HostUnhealthy(event_id=f"host:{cluster}/{host}:bad:{nonce}", occurred_at=now, actor=actor,
-                         cluster=cluster, host=host, reason=reason, record_by=record_by)  # fmt: skip
+                         cluster=cluster, host=host, reason=reason)  # fmt: skip
 
 
 def _victim_record(victim: Victim) -> VictimRecord:

@@ -23,7 +23,8 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from allmende.core.metrics import GROUP_COMMIT, GROUP_COMMIT_CALLERS, GROUP_COMMIT_SECONDS, register
 
-Record = tuple[bytes, bytes]  # key, value
+Header = tuple[str, bytes]
+Record = tuple[bytes, bytes] | tuple[bytes, bytes, Sequence[Header]]  # key, value[, headers]
 # Below Kafka's default message.max.bytes (1 MiB) with room for the batch's own header.
 MAX_RECORD_BYTES = 1_000_000
 
@@ -45,8 +46,8 @@ def fill_batches(
     batch, inside, callers = create_batch(), list[Record](), list[asyncio.Future[int | None]]()
     for records, future in group:
         taken = 0
-        for key, value in records:
-            if batch.append(key=key, value=value, timestamp=None) is None:
+        for record in records:
+            if not _append(batch, record):
                 break
             taken += 1
         if taken == len(records):
@@ -56,20 +57,27 @@ def fill_batches(
         if inside:  # full before this caller's last record: the batch goes without any of it
             if taken:
                 batch = create_batch()
-                for key, value in inside:
-                    batch.append(key=key, value=value, timestamp=None)
+                for record in inside:
+                    _append(batch, record)
             batches.append((batch, callers))
             batch, inside, callers, taken = create_batch(), [], [], 0
-        for key, value in records[taken:]:  # from an empty batch, which takes any first record
-            if batch.append(key=key, value=value, timestamp=None) is None:
+        for record in records[taken:]:  # from an empty batch, which takes any first record
+            if not _append(batch, record):
                 batches.append((batch, [*callers, future]))  # more than one batch holds: split
                 batch, inside, callers = create_batch(), [], []
-                batch.append(key=key, value=value, timestamp=None)
-            inside.append((key, value))
+                _append(batch, record)
+            inside.append(record)
         callers.append(future)
     if callers:
         batches.append((batch, callers))
     return batches
+
+
+def _append(batch: BatchBuilder, record: Record) -> bool:
+    """Add `record` to `batch`; False when it is full."""
+    key, value, *rest = record
+    headers = rest[0] if rest else []
+    return batch.append(key=key, value=value, timestamp=None, headers=headers) is not None
 
 
 def _fail(group: Group, exc: BaseException) -> None:
@@ -121,7 +129,7 @@ class GroupCommit:
         cancelling it would not take the records back."""
         if self._task is None:
             raise RuntimeError("the group commit has not started")
-        for key, value in records:
+        for key, value, *_ in records:
             if len(key) + len(value) > MAX_RECORD_BYTES:
                 raise ValueError(f"a record of {len(key) + len(value):,} bytes is above {MAX_RECORD_BYTES:,}")
         future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()

@@ -41,14 +41,19 @@ def replaying_consumer(
 def read_to_end(
     consumer: KafkaConsumer, tp: TopicPartition, handle: Callable[[Any], None], timeout: float = 30.0
 ) -> int:
-    """Hand every record up to the partition's end (as it is now) to `handle`; returns how many."""
-    end = consumer.end_offsets([tp])[tp]
+    """Hand every record up to the partition's end (as it is now) to `handle`; returns how many.
+    Kafka away: TimeoutError (or the client's error) within about `timeout`, not its own minutes."""
     deadline = time.monotonic() + timeout
+
+    def left_ms() -> int:
+        return max(1, int((deadline - time.monotonic()) * 1000))
+
+    end = consumer.end_offsets([tp], timeout_ms=left_ms())[tp]
     count = 0
-    while consumer.position(tp) < end:
+    while consumer.position(tp, timeout_ms=left_ms()) < end:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{tp.topic}[{tp.partition}] not read to offset {end} within {timeout:.0f}s")
-        for records in consumer.poll(timeout_ms=500).values():
+        for records in consumer.poll(timeout_ms=min(500, left_ms())).values():
             for record in records:
                 handle(record)
                 count += 1
@@ -56,13 +61,27 @@ def read_to_end(
 
 
 LOG_APPEND_TIME = 1  # a record's timestamp type when the broker set it on append
+# The record header a writer that answers requests puts on what it appends: the latest broker
+# append time (UTC ms, decimal) at which the record counts. Its writer answered 503 past it, so a
+# copy a producer delivered later (once Kafka was back) is void. A header, not a field of the
+# event: a deliberate copy of the events (a replay, a restore) carries the value bytes only.
+RECORD_BY = "allmende-record-by"
 
 
-def appended_late(record: Any, record_by: int | None) -> bool:
-    """The record reached the log after the instant its event had to be recorded by (`record_by`,
-    UTC ms): its writer answered 503, so it is void. Only a topic whose timestamps the broker sets
-    on append (`message.timestamp.type=LogAppendTime`) can tell; others count every record."""
-    return record_by is not None and record.timestamp_type == LOG_APPEND_TIME and record.timestamp > record_by
+def record_by_header(record_by: int) -> list[tuple[str, bytes]]:
+    return [(RECORD_BY, str(record_by).encode())]
+
+
+def appended_late(record: Any) -> bool:
+    """The record reached the log after the instant it had to be recorded by (its `RECORD_BY`
+    header): void. Only a topic whose timestamps the broker sets on append
+    (`message.timestamp.type=LogAppendTime`) can tell; others count every record."""
+    if record.timestamp_type != LOG_APPEND_TIME:
+        return False
+    for name, value in record.headers or ():
+        if name == RECORD_BY:
+            return bool(record.timestamp > int(value))
+    return False
 
 
 class LagWatch:

@@ -22,5 +22,8 @@ def tagged_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path, prefix: 
         meter_data_dir=workdir / "faust",
         writer_group=f"{tag}-writer",
         writer_batch_wait_ms=100,
+        # A loaded test machine may take longer than the 250 ms default to acknowledge a write;
+        # the outage tests set the default back to show that bound.
+        write_timeout_ms=3000,
         log_json=False,
     )

@@ -7,12 +7,12 @@ puts them on the app's state, where the routes' dependencies (`deps.py`) find th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import make_asgi_app
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,6 +26,9 @@ from allmende.services.api.routes_dashboard import router as dashboard_router
 from allmende.services.api.routes_fairshare import router as fairshare_router
 from allmende.services.api.routes_usage import router as usage_router
 from allmende.services.web.routes import router as web_router
+from allmende.streams.admin_log import NotRecorded
+
+STATE_AGE_HEADER = "X-Allmende-State-Age"  # seconds since the admin state last reached its log's end
 
 
 def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) -> FastAPI:
@@ -71,6 +74,7 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
             alerts=alerts,
             writer_batches=writer.batches if writer else 0,
             writer_caught_up=bool(writer and writer.caught_up.is_set()),
+            admin_state_age_s=request.app.state.admin.log.age_s(),
         )
         if health.status != "ok":
             return JSONResponse(health.model_dump(), status_code=503)
@@ -85,5 +89,21 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
     @app.exception_handler(ValueError)
     async def value_error(_: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(NotRecorded)
+    async def not_recorded(_: Request, exc: NotRecorded) -> JSONResponse:
+        # Kafka away: the command has no effect, now or later; the same command again is safe.
+        body = {"detail": f"{exc}; it has no effect: send it again", "code": "not-recorded"}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+    @app.middleware("http")
+    async def state_age(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Every answer says how old the admin state behind it may be (Kafka away: it grows)."""
+        response = await call_next(request)
+        admin = getattr(request.app.state, "admin", None)
+        age = admin.log.age_s() if admin is not None else None
+        if age is not None:
+            response.headers[STATE_AGE_HEADER] = f"{age:.1f}"
+        return response
 
     return app

@@ -40,6 +40,9 @@ class Health(BaseModel):
     writer_caught_up: bool
     fairshare: str = "disabled"
     alerts: str = "disabled"  # the burn alerter's last round: shown, not counted against "ok"
+    # Seconds since the admin state (budgets, organisation) last reached the end of its log:
+    # Kafka away, reads answer from that state, this old (also in every response's header).
+    admin_state_age_s: float | None = None
 
 
 class ErrorBody(BaseModel):

@@ -290,6 +290,7 @@ def test_the_installed_platform_meters_a_replayed_trace_and_serves_its_pages(
             "ALLMENDE_TOKEN": secret,  # the command line's own token (`allmende budget apply`)
             "ALLMENDE_LOG_JSON": "false",
             "ALLMENDE_API_PORT": str(port),
+            "ALLMENDE_WRITE_TIMEOUT_MS": "3000",  # a loaded test machine: no 503 for a slow ack
         },
     )
     jobs = list(read_trace(elasticflow_tarball, TraceFormat.ELASTICFLOW, cluster=CLUSTER, limit=JOBS))
