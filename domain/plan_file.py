@@ -27,8 +27,19 @@ from pydantic import (
 
 from allmende.domain.allocations import UNITS_PER_GPU_HOUR, default_allocation_id, quarter_bounds
 from allmende.domain.charging import RATE_SCALE
+from allmende.schemas.events import MAX_GPUS, Name
 
+# Ids the platform composes or only refers to (the plan, policies, allocations, agreements, GPU
+# types): the events' wider rule. Projects, groups, clusters and users (leads) are `Name`s: the
+# one rule of docs/security.md, "Identifiers", that the admin API checks too.
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
+# Sizes (docs/security.md): a cluster or an agreement of at most MAX_GPUS GPUs; a budget, a
+# transfer or an adjustment of at most MAX_GPU_HOURS weighted GPU-hours (3.6e18 charge units: a
+# signed 64-bit integer holds it); at most MAX_LEADS leads per node.
+MAX_GPU_HOURS = 10**9
+MAX_LEADS = 100
+Gpus = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+Leads = Annotated[list[Name], Field(max_length=MAX_LEADS)]
 
 
 EARLIEST, LATEST = 1_000_000_000, 10_000_000_000  # the events' bounds: 2001-09-09 .. 2286-11-20
@@ -93,17 +104,17 @@ class PeriodSpec(_Model):
 
 
 class ClusterSpec(_Model):
-    name: Id
+    name: Name
     gpu_type: Id
-    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    gpus: Gpus
 
 
 class NodeSpec(_Model):
-    id: Id
+    id: Name
     kind: Literal["organisation", "group", "project"]
-    parent: Id | None = None
+    parent: Name | None = None
     shares: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["parent"] = 1
-    leads: list[Id] = []
+    leads: Leads = []
 
 
 def _hundredths_only(value: Decimal) -> Decimal:
@@ -159,10 +170,10 @@ def rates_in_hundredths(
 
 
 class AllocationSpec(_Model):
-    project: Id
-    gpu_hours: Annotated[Decimal, Field(ge=0, le=10**9)]
+    project: Name
+    gpu_hours: Annotated[Decimal, Field(ge=0, le=MAX_GPU_HOURS)]
     id: Id | None = None
-    cluster: Id | None = None
+    cluster: Name | None = None
     gpu_type: Id | None = None
     rollover: bool = False
 
@@ -225,9 +236,9 @@ class WeeklySpec(_Model):
 
 class AgreementSpec(_Model):
     id: Id
-    project: Id
-    cluster: Id
-    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    project: Name
+    cluster: Name
+    gpus: Gpus
     fixed: FixedSpec | None = None
     weekly: WeeklySpec | None = None
 

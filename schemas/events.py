@@ -8,11 +8,12 @@ break stored events.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -20,7 +21,37 @@ T = TypeVar("T")
 # Bounds keep garbage out of the ledger: 2001-09-09 .. 2286-11-20 in Unix seconds.
 UnixSeconds = Annotated[int, Field(ge=1_000_000_000, lt=10_000_000_000, strict=True)]
 Identifier = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
-GpuCount = Annotated[int, Field(ge=0, le=100_000, strict=True)]
+MAX_GPUS = 100_000  # GPUs of one job, one cluster or one time-slice agreement (docs/security.md)
+GpuCount = Annotated[int, Field(ge=0, le=MAX_GPUS, strict=True)]
+
+# The names people choose for projects, groups, organisations, clusters and users (leads): a letter
+# or digit first, then letters, digits, `_ @ + -` and single dots between them; at most 64
+# characters. No `/`, no `..`, no `:`, no space or control character: a name is safe in a path, a
+# URL segment, a header and a Slurm account. The plan file and the admin API check it
+# (docs/security.md, "Identifiers"); `Identifier` above stays the wider rule of ids the platform
+# composes (allocation ids are `project/period/...`) and of the job events' contract.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_@+-]*(\.[A-Za-z0-9_@+-]+)*$"
+NAME_MAX_LENGTH = 64
+_NAME = re.compile(NAME_PATTERN)
+
+
+def valid_name(value: str) -> str:
+    """`value` if it is a name (NAME_PATTERN), else ValueError with a sentence saying the rule."""
+    if len(value) > NAME_MAX_LENGTH or not _NAME.fullmatch(value):
+        shown = repr(value if len(value) <= NAME_MAX_LENGTH else value[:NAME_MAX_LENGTH] + "...")
+        raise ValueError(
+            f"{shown} is not a valid id: a letter or digit first, then letters, digits, '_', '@', '+', '-'"
+            f" and single dots, at most {NAME_MAX_LENGTH} characters (no '/', '..', ':', spaces or "
+            "control characters)"
+        )
+    return value
+
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=NAME_MAX_LENGTH, json_schema_extra={"pattern": NAME_PATTERN}),
+    AfterValidator(valid_name),
+]
 
 
 class PriorityClass(StrEnum):
@@ -55,7 +86,7 @@ class JobSubmitted(_Envelope):
     user: Identifier
     cluster: Identifier
     gpu_type: Identifier
-    gpus: Annotated[int, Field(ge=1, le=100_000, strict=True)]
+    gpus: Annotated[int, Field(ge=1, le=MAX_GPUS, strict=True)]
     priority_class: PriorityClass
     interactive: bool = False
     requested_seconds: Annotated[int, Field(ge=1, le=366 * 86_400, strict=True)]
@@ -65,7 +96,7 @@ class JobStarted(_Envelope):
     """A run of the job began on `gpus` GPUs (a preempted job may start again)."""
 
     type: Literal["JobStarted"] = "JobStarted"
-    gpus: Annotated[int, Field(ge=1, le=100_000, strict=True)]
+    gpus: Annotated[int, Field(ge=1, le=MAX_GPUS, strict=True)]
     hosts: tuple[Identifier, ...] = ()
 
 

@@ -13,11 +13,12 @@ from allmende.core.settings import Settings
 
 
 def _number(value: Any, digits: int = 6) -> str:
+    """A figure as sshare prints it; blank when null (not shown to this token: docs/security.md)."""
     if value is None:
         return ""
     if value == "inf":
         return "inf"
-    return f"{float(value):.{digits}f}"
+    return f"{float(value):,.0f}" if digits == 0 else f"{float(value):.{digits}f}"
 
 
 def fairshare(
@@ -33,7 +34,7 @@ def fairshare(
         return
     nodes = body["nodes"]
     if leaves:
-        nodes = sorted((n for n in nodes if n["is_leaf"]), key=lambda n: (-n["factor"], n["node_id"]))
+        nodes = sorted((n for n in nodes if n["is_leaf"]), key=lambda n: (-(n["factor"] or 0), n["node_id"]))
     as_of = dt.datetime.fromtimestamp(body["as_of"], dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     table = Table(
         title=f"fair share ({body['algorithm']}, half-life {body['half_life_s'] / 86400:g} d), as of {as_of}"
@@ -53,7 +54,7 @@ def fairshare(
         indent = "" if leaves else " " * max(0, n["depth"] - 1)
         table.add_row(
             indent + n["node_id"], str(n["raw_shares"]), _number(n["norm_shares"]),
-            f"{float(n['raw_usage']):,.0f}", _number(n["norm_usage"]), _number(n["effective_usage"]),
+            _number(n["raw_usage"], 0), _number(n["norm_usage"]), _number(n["effective_usage"]),
             _number(n["level_fs"]), _number(n["factor"]),
         )  # fmt: skip
     console.print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -61,9 +61,20 @@ def _broker(settings: Settings):  # type: ignore[no-untyped-def]
 
 
 @kafka_app.command("start")
-def kafka_start() -> None:
+def kafka_start(
+    foreground: Annotated[
+        bool,
+        typer.Option(
+            "--foreground",
+            help="run the broker in this process, without a pid file, until it is stopped (for systemd:"
+            " infra/systemd)",
+        ),
+    ] = False,
+) -> None:
     """Start the local broker (fetching its jars with Maven the first time)."""
     broker = _broker(_settings())
+    if foreground:
+        broker.run_foreground()
     console.print(f"Kafka ready at [bold]{broker.start()}[/bold] (logs: {broker.home})")
 
 
@@ -245,33 +256,117 @@ def _auth_headers(s: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _wait_http(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise typer.Exit(f"{url} did not answer within {timeout:.0f}s")  # type: ignore[arg-type]
+def _healthz(url: str, timeout: float = 3.0) -> tuple[int | None, Any]:
+    """The API's /healthz: (HTTP status, body), or (None, the error) when it does not answer."""
+    try:
+        response = httpx.get(f"{url}/healthz", timeout=timeout)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, response.text
+
+
+def _components(s: Settings) -> dict[str, tuple[str, Path]]:
+    """What `allmende up` runs: name -> (what it is, its pid file)."""
+    return {
+        "broker": ("Kafka broker", _broker(s).pid_file),
+        "worker": ("meter worker", supervisor.command_pid_file(s.run_dir, "worker")),
+        "api": ("API (+ ledger writer)", supervisor.command_pid_file(s.run_dir, "api")),
+    }
+
+
+_NOT_RUNNING = {
+    "dead": "is gone",
+    "zombie": "is a zombie",
+    "reused": "now belongs to another process",
+    "unverified": "is recorded without its start time",
+}
+
+
+def _kept_or_started(name: str, before: supervisor.ProcessState, pid: int) -> str:
+    """One line of `up`: kept as it was, started, or started again (and why)."""
+    if before.running:
+        return f"{name}: running (pid {pid}, up {_uptime(before.uptime_s)})"
+    if before.state == "stopped":
+        return f"{name}: started (pid {pid})"
+    why = f"pid {before.pid} {_NOT_RUNNING[before.state]}"
+    return f"{name}: [yellow]started again[/yellow] (pid {pid}; {why})"
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
 @app.command()
-def up() -> None:
-    """Start the local platform in the background: Kafka, a metering worker, the API."""
+def up(
+    timeout: Annotated[
+        float, typer.Option(help="seconds to wait for the broker, and for the API to be healthy")
+    ] = 180,
+) -> None:
+    """Start the local platform in the background: Kafka, a metering worker, the API. Whatever runs
+    is kept; whatever is not really running (no process, a zombie, a pid now another process's) is
+    started again. Waits until the API's /healthz says ok, and says how long that took."""
     s = _settings()
+    components = _components(s)
+    before = {name: supervisor.inspect(pid_file) for name, (_, pid_file) in components.items()}
     broker = _broker(s)
-    console.print(f"Kafka: {broker.start()}")
+    from allmende.core.kafka_local import BrokerError
+
+    try:
+        bootstrap = broker.start(timeout)
+    except BrokerError as exc:
+        console.print(f"[red]Kafka: {exc} (log: {broker.log_file})[/red]")
+        raise typer.Exit(1) from None
+    console.print(_kept_or_started(f"Kafka at {bootstrap}", before["broker"], broker.running_pid() or 0))
     from allmende.core.kafka_topics import ensure_topics
 
     ensure_topics(s)
-    supervisor.start_command(s.run_dir, "worker", ["worker"])
+    worker_pid = supervisor.start_command(s.run_dir, "worker", ["worker"])
+    console.print(_kept_or_started("meter worker", before["worker"], worker_pid))
     # The local API gets an admin token of its own unless the environment names some.
     env = {} if s.admin_tokens else {"ALLMENDE_ADMIN_TOKENS": f"admin:{local_admin_token(s, create=True)}"}
-    supervisor.start_command(s.run_dir, "api", ["serve"], env=env)
-    _wait_http(f"{_api_url(s)}/healthz", 90)
-    console.print(f"API: {_api_url(s)}  (docs: {_api_url(s)}/docs, logs: {s.run_dir})")
+    started = time.monotonic()
+    api_pid = supervisor.start_command(s.run_dir, "api", ["serve"], env=env)
+    console.print(_kept_or_started("API", before["api"], api_pid))
+    url = _api_url(s)
+    api_pid_file = components["api"][1]
+    code: int | None = None
+    body: Any = None
+    while time.monotonic() - started < timeout:
+        code, body = _healthz(url)
+        if code == 200:
+            break
+        if supervisor.running(api_pid_file) is None:
+            log = supervisor.command_log_file(s.run_dir, "api")
+            console.print(f"[red]the API (pid {api_pid}) exited; the end of {log}:[/red]")
+            console.print(log.read_text(errors="replace")[-3000:], markup=False, highlight=False)
+            raise typer.Exit(1)
+        time.sleep(0.25)
+    took = time.monotonic() - started
+    if code != 200:
+        console.print(f"[red]the API at {url} is not healthy after {took:.0f} s: {code} {body}[/red]")
+        raise typer.Exit(1)
+    if before["api"].running:
+        console.print(f"API healthy (already running, pid {api_pid}, up {_uptime(before['api'].uptime_s)})")
+    else:
+        console.print(f"API healthy in {took:.1f} s (pid {api_pid})")
+    console.print(f"API: {url}  (docs: {url}/docs, logs: {s.run_dir})")
+    down_now = [name for name, (_, pid_file) in components.items() if supervisor.running(pid_file) is None]
+    if down_now:
+        console.print(f"[red]exited meanwhile: {', '.join(down_now)} (logs: {s.run_dir})[/red]")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -283,6 +378,49 @@ def down() -> None:
             console.print(f"stopped {name}")
     _broker(s).stop()
     console.print("stopped kafka")
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Which of the processes `allmende up` starts run: pid, uptime, and the API's /healthz.
+    Exits 1 if any is down or the API is not healthy."""
+    s = Settings()
+    report: dict[str, dict[str, Any]] = {}
+    for name, (what, pid_file) in _components(s).items():
+        found = supervisor.inspect(pid_file)
+        report[name] = {
+            "what": what,
+            "running": found.running,
+            "state": found.state,
+            "pid": found.pid,
+            "uptime_s": None if found.uptime_s is None else round(found.uptime_s, 1),
+            "pid_file": str(pid_file),
+        }
+    report["broker"]["bootstrap"] = s.kafka_bootstrap_servers
+    report["api"]["url"] = url = _api_url(s)
+    code, body = _healthz(url)
+    report["api"]["healthz"] = {"status_code": code, "body": body}
+    report["api"]["healthy"] = code == 200
+    ok = all(c["running"] for c in report.values()) and code == 200
+    if as_json:
+        print(json.dumps({"ok": ok, "components": report}, indent=2))
+    else:
+        table = Table(title=f"allmende: {s.state_dir}")
+        for column in ("component", "state", "pid", "uptime", "where, health"):
+            table.add_column(column)
+        for name, c in report.items():
+            state = "[green]running[/green]" if c["running"] else f"[red]{c['state']}[/red]"
+            if name == "api":
+                shown = body.get("status", body) if isinstance(body, dict) else body
+                detail = f"{url}, /healthz: " + (f"{code} {shown}" if code is not None else "no answer")
+            else:
+                detail = c.get("bootstrap", "")
+            uptime = _uptime(c["uptime_s"]) if c["running"] else "-"
+            table.add_row(c["what"], state, str(c["pid"] or "-"), uptime, detail)
+        console.print(table)
+    raise typer.Exit(0 if ok else 1)
 
 
 @app.command()

@@ -13,12 +13,14 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import structlog
 
@@ -161,11 +163,30 @@ class LocalBroker:
         return running(self.pid_file)
 
     def start(self, timeout: float = 90.0) -> str:
-        """Start the broker (formatting its storage the first time); idempotent."""
+        """Start the broker (formatting its storage the first time); idempotent. A pid file that
+        names a dead, zombie or reused pid is no broker (`supervisor.inspect`): one is started."""
         self.home.mkdir(parents=True, exist_ok=True)
         if self.running_pid() is not None:
             self.wait_ready(timeout)
             return self.bootstrap
+        config = self._prepare()
+        pid = start_detached(self.pid_file, self.log_file, self._java("kafka.Kafka", str(config)))
+        log.info("kafka_starting", pid=pid, bootstrap=self.bootstrap, home=str(self.home))
+        self.wait_ready(timeout)
+        return self.bootstrap
+
+    def run_foreground(self) -> NoReturn:
+        """Become the broker (exec the JVM in this process, no pid file): for a service manager
+        that supervises it itself (infra/systemd). Formats the storage the first time."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        argv = self._java("kafka.Kafka", str(self._prepare()))
+        log.info("kafka_exec", bootstrap=self.bootstrap, home=str(self.home))
+        sys.stdout.flush()  # exec drops what is still buffered
+        sys.stderr.flush()
+        os.execv(argv[0], argv)
+
+    def _prepare(self) -> Path:
+        """The configuration, written; the storage, formatted the first time; the port, free."""
         if port_open("127.0.0.1", self.port):
             raise BrokerError(f"port {self.port} is taken by another process")
         config = self._config()
@@ -179,10 +200,7 @@ class LocalBroker:
             )
             if formatted.returncode != 0:
                 raise BrokerError(f"formatting Kafka storage failed: {formatted.stderr or formatted.stdout}")
-        pid = start_detached(self.pid_file, self.log_file, self._java("kafka.Kafka", str(config)))
-        log.info("kafka_starting", pid=pid, bootstrap=self.bootstrap, home=str(self.home))
-        self.wait_ready(timeout)
-        return self.bootstrap
+        return config
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         wait_for_kafka(self.bootstrap, timeout, is_alive=lambda: self.running_pid() is not None)

@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     scheduler_tokens: str = ""  # the cluster scheduler's own tokens: admission and preemption
     # A command-line client's own token (`allmende budget ...`).
     token: str = ""
+    # Browser sign-in (docs/security.md): the cookie holds an opaque session id, the session lives in
+    # the API process's memory for this long after sign-in (absolute, not sliding), at most this many
+    # at once (the oldest go first). A restart of the API signs everyone out.
+    session_ttl_s: int = Field(default=8 * 3600, ge=60, le=30 * 86_400)
+    session_max: int = Field(default=10_000, ge=1, le=1_000_000)
     # How often the API looks for allocations whose period has ended (expiry, rollover).
     expiry_check_s: float = Field(default=60.0, gt=0)
     # An allocation expires this long after its period ends, and only once the ledger has caught

@@ -1,6 +1,14 @@
-"""Who may read what: admins read every project, a lead the projects of the nodes they lead.
+"""Who may read what: admins read everything, a lead the nodes they lead and everything below them.
 
-One place for the rule, used by the JSON routes and the browser pages alike.
+One place for the rule, used by the JSON routes and the browser pages alike (docs/security.md):
+
+- a lead's *own* nodes are the nodes they lead and every node below them (their subtrees); they
+  read those nodes' projects, balances, usage and fair-share figures;
+- the *path* of a lead is the ancestors of their own nodes up to the root: shown where a tree
+  is answered, so the own nodes have a place, with ids and shares only (an ancestor's usage and
+  factor add up other branches' usage, its leads are other people);
+- the scheduler reads no project: it gets the fair-share factors of the projects (what admission
+  and the agent's queue order need) and nothing of the organisation.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from collections.abc import Iterable
 from fastapi import HTTPException
 
 from allmende.domain.admin_state import AdminState
+from allmende.domain.organisation import path_to_root
 from allmende.services.api.auth import Principal
 
 
@@ -26,6 +35,23 @@ def readable_projects(state: AdminState, principal: Principal, with_usage: Itera
     if principal.role == "admin":
         return sorted(set(declared) | set(with_usage))
     return [p for p in declared if may_read(state, principal, p)]
+
+
+def own_nodes(state: AdminState, principal: Principal) -> set[str]:
+    """The nodes the principal reads in full: every node for an admin; for a lead the nodes they
+    lead and their subtrees; nothing for anyone else."""
+    if principal.role == "admin":
+        return set(state.nodes)
+    if principal.role != "lead":
+        return set()
+    led = {n.node_id for n in state.nodes.values() if principal.name in n.leads}
+    return {node for node in state.nodes if led.intersection(path_to_root(state.nodes, node))}
+
+
+def path_nodes(state: AdminState, own: Iterable[str]) -> set[str]:
+    """The ancestors of `own` that are not in it (declared nodes; the implicit root excluded)."""
+    mine = set(own)
+    return {a for node in mine for a in path_to_root(state.nodes, node)[1:]} - mine
 
 
 def declared_project(state: AdminState, project: str) -> bool:

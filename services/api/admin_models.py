@@ -14,11 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from allmende.domain.allocations import UNITS_PER_GPU_HOUR
 from allmende.domain.balances import AllocationBalance, ProjectBalance
 from allmende.domain.plan import Change
-from allmende.domain.plan_file import Rate, exact_int
+from allmende.domain.plan_file import MAX_GPU_HOURS, Gpus, Leads, Rate, exact_int
 from allmende.schemas.admin_events import AdminEvent, WindowSpec
-from allmende.schemas.events import Identifier
+from allmende.schemas.events import Identifier, Name
 
-GpuHours = Annotated[Decimal, Field(ge=0, le=10**9, decimal_places=9)]
+# Projects, groups, clusters and users are `Name`s, as in the plan file (docs/security.md); the
+# sizes are the plan's too: at most MAX_GPUS GPUs, at most MAX_GPU_HOURS weighted GPU-hours.
+GpuHours = Annotated[Decimal, Field(ge=0, le=MAX_GPU_HOURS, decimal_places=9)]
 Reason = Annotated[str, Field(max_length=1000)]
 
 
@@ -37,17 +39,17 @@ class _Request(BaseModel):
 
 
 class NodeRequest(_Request):
-    node_id: Identifier
+    node_id: Name
     kind: Literal["organisation", "group", "project"]
-    parent: Identifier | None = None
+    parent: Name | None = None
     shares: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["parent"] = 1
-    leads: list[Identifier] = []
+    leads: Leads = []
 
 
 class ClusterRequest(_Request):
-    cluster: Identifier
+    cluster: Name
     gpu_type: Identifier
-    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    gpus: Gpus
 
 
 class PolicyRequest(_Request):
@@ -63,32 +65,32 @@ class GrantRequest(_Request):
     allocation_id: Identifier | None = Field(
         default=None, description="default: project/period[/cluster][/gpu_type]"
     )
-    project: Identifier
+    project: Name
     period: str | None = Field(default=None, description="a quarter, e.g. 2027-Q1; or give start and end")
     start: dt.datetime | None = None
     end: dt.datetime | None = None
     gpu_hours: GpuHours
-    cluster: Identifier | None = None
+    cluster: Name | None = None
     gpu_type: Identifier | None = None
     rollover: bool = False
 
 
 class AdjustRequest(_Request):
-    delta_gpu_hours: Annotated[Decimal, Field(ge=-(10**9), le=10**9, decimal_places=9)]
+    delta_gpu_hours: Annotated[Decimal, Field(ge=-MAX_GPU_HOURS, le=MAX_GPU_HOURS, decimal_places=9)]
     reason: Annotated[str, Field(min_length=1, max_length=1000)]
 
 
 class TransferRequest(_Request):
     from_allocation: Identifier
     to_allocation: Identifier
-    gpu_hours: Annotated[Decimal, Field(gt=0, le=10**9, decimal_places=9)]
+    gpu_hours: Annotated[Decimal, Field(gt=0, le=MAX_GPU_HOURS, decimal_places=9)]
 
 
 class AgreementRequest(_Request):
     agreement_id: Identifier
-    project: Identifier
-    cluster: Identifier
-    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    project: Name
+    cluster: Name
+    gpus: Gpus
     window: WindowSpec
 
 
@@ -211,7 +213,7 @@ class NodeOut(BaseModel):
     kind: str
     parent: str | None
     shares: int | str
-    leads: list[str]
+    leads: list[str] | None = Field(description="null: not shown to this caller (a node above a lead's own)")
 
 
 class ClusterOut(BaseModel):

@@ -3,13 +3,19 @@
 Tokens come from the environment (`ALLMENDE_ADMIN_TOKENS`, `ALLMENDE_LEAD_TOKENS`,
 `ALLMENDE_SCHEDULER_TOKENS`), each a comma-separated list of `name:token`; the name is the actor
 recorded on every event the token's holder causes. Tokens are compared in constant time. A
-token travels as `Authorization: Bearer <token>` or, for the browser pages, in the HttpOnly,
-SameSite=Strict session cookie the sign-in form sets (never in a URL).
+token travels as `Authorization: Bearer <token>`, never in a URL and never in a cookie: the
+sign-in form of the browser pages takes the token once and opens a session (`Sessions`), whose
+opaque random id is what the HttpOnly, SameSite=Strict cookie holds. See docs/security.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -20,7 +26,7 @@ from allmende.core.settings import Settings
 
 Role = Literal["admin", "lead", "scheduler"]
 _bearer = HTTPBearer(auto_error=False, description="an admin, project-lead or scheduler token")
-SESSION_COOKIE = "allmende_session"  # the browser pages' token (HttpOnly, SameSite=Strict)
+SESSION_COOKIE = "allmende_session"  # the browser pages' session id (HttpOnly, SameSite=Strict)
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,60 @@ def parse_tokens(spec: str, default_name: str) -> list[tuple[str, str]]:
     return pairs
 
 
+class Sessions:
+    """Browser sessions, in this process's memory: an opaque random id -> who signed in, until when.
+
+    The id (256 random bits) is all the cookie holds; it is kept here only as its SHA-256, so a
+    lookup compares no secret. A session ends at sign-out, `ttl_s` after sign-in (absolute) or when
+    `max_sessions` newer ones push it out (the oldest first); a restart ends them all.
+    """
+
+    def __init__(self, ttl_s: float, max_sessions: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self._open: dict[str, tuple[Principal, float]] = {}  # digest -> (who, expires); oldest first
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(session_id: str) -> str:
+        return hashlib.sha256(session_id.encode()).hexdigest()
+
+    def open(self, principal: Principal) -> str:
+        """A new session for `principal`; its id, for the cookie."""
+        session_id = secrets.token_urlsafe(32)
+        now = self.clock()
+        with self._lock:
+            if len(self._open) >= self.max_sessions:
+                self._open = {k: v for k, v in self._open.items() if v[1] > now}
+            while len(self._open) >= self.max_sessions:
+                del self._open[next(iter(self._open))]
+            self._open[self._key(session_id)] = (principal, now + self.ttl_s)
+        return session_id
+
+    def who(self, session_id: str) -> Principal | None:
+        """Who holds this session; None if it is unknown, ended or expired."""
+        if not session_id or len(session_id) > 200:
+            return None
+        key = self._key(session_id)
+        with self._lock:
+            found = self._open.get(key)
+            if found is None:
+                return None
+            if found[1] <= self.clock():
+                del self._open[key]
+                return None
+            return found[0]
+
+    def close(self, session_id: str) -> bool:
+        """End the session (sign-out); whether it was open."""
+        with self._lock:
+            return self._open.pop(self._key(session_id), None) is not None
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
 class TokenBook:
     def __init__(self, settings: Settings) -> None:
         self._entries: list[tuple[str, str, Role]] = [
@@ -48,6 +108,7 @@ class TokenBook:
             *((n, t, "lead") for n, t in parse_tokens(settings.lead_tokens, "lead")),
             *((n, t, "scheduler") for n, t in parse_tokens(settings.scheduler_tokens, "scheduler")),
         ]
+        self.sessions = Sessions(settings.session_ttl_s, settings.session_max)
 
     def who(self, token: str) -> Principal | None:
         found = None
@@ -57,31 +118,36 @@ class TokenBook:
         return found
 
 
-def _token_of(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    if credentials is not None:
-        return credentials.credentials
-    return request.cookies.get(SESSION_COOKIE) or None
-
-
 def principal_of(request: Request) -> Principal | None:
-    """Who sent the request (bearer header first, then the session cookie); None if nobody known."""
+    """Who sent the request (bearer token first, then the session cookie); None if nobody known."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
-    token = token or request.cookies.get(SESSION_COOKIE, "")
     book: TokenBook = request.app.state.tokens
-    return book.who(token) if token else None
+    if token:
+        return book.who(token)
+    session = request.cookies.get(SESSION_COOKIE, "")
+    return book.sessions.who(session) if session else None
 
 
 def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
-    token = _token_of(request, credentials)
-    if token is None:
+    book: TokenBook = request.app.state.tokens
+    if credentials is not None:
+        principal = book.who(credentials.credentials)
+        if principal is None:
+            raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
+        return principal
+    session = request.cookies.get(SESSION_COOKIE)
+    if not session:
         raise HTTPException(
             401, "send a token: Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
         )
-    book: TokenBook = request.app.state.tokens
-    principal = book.who(token)
+    principal = book.sessions.who(session)
     if principal is None:
-        raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "the session has ended (signed out or expired): sign in again",
+            {"WWW-Authenticate": "Bearer"},
+        )
     return principal
 
 

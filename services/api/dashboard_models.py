@@ -223,8 +223,8 @@ class FairShareRow(BaseModel):
     is_leaf: bool
     raw_shares: str
     norm_shares: float
-    effective_usage: float
-    factor: float
+    effective_usage: float | None  # null: not shown to this caller (docs/security.md)
+    factor: float | None
 
 
 class FairShareOut(BaseModel):

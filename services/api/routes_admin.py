@@ -29,6 +29,7 @@ from allmende.schemas.admin_events import (
     PolicyChanged,
 )
 from allmende.services.admin_service import AdminService, Outcome
+from allmende.services.api.access import own_nodes, path_nodes
 from allmende.services.api.admin_models import (
     AdjustRequest,
     AgreementRequest,
@@ -49,7 +50,7 @@ from allmende.services.api.admin_models import (
     TransferRequest,
     hours_to_units,
 )
-from allmende.services.api.auth import Admin, Caller
+from allmende.services.api.auth import Admin, Reader
 from allmende.services.api.deps import Admins
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -308,19 +309,35 @@ async def plan_apply(body: PlanRequest, admin: Admin, service: Admins) -> PlanRe
 
 
 @router.get(
-    "/organisation", response_model=OrganisationOut, responses=ERRORS, summary="The tree, clusters, policies"
+    "/organisation",
+    response_model=OrganisationOut,
+    responses=ERRORS,
+    summary="The tree, clusters, policies (admins: all of it; a lead: their own nodes and agreements)",
+    description="Admins read the whole organisation. A project lead reads the nodes they lead and "
+    "their subtrees, the path above them (ids, kinds and shares; `leads` null), the clusters and "
+    "the charge policies (what their jobs run on and are charged by), and the agreements of their "
+    "own projects. The scheduler is refused: admission needs nothing of it. See docs/security.md.",
 )
-async def organisation(caller: Caller, service: Admins) -> OrganisationOut:
+async def organisation(caller: Reader, service: Admins) -> OrganisationOut:
     state = await run_in_threadpool(service.state)
+    own = own_nodes(state, caller)
+    shown = own | path_nodes(state, own)
+    projects = {n for n in own if state.nodes[n].kind == "project"}
+    everything = caller.role == "admin"
+    agreements = sorted((k, a) for k, a in state.agreements.items() if everything or a.project in projects)
     return OrganisationOut(
         nodes=[
-            NodeOut(node_id=n.node_id, kind=n.kind, parent=n.parent, shares=n.shares, leads=list(n.leads))
+            NodeOut(
+                node_id=n.node_id, kind=n.kind, parent=n.parent, shares=n.shares,
+                leads=list(n.leads) if n.node_id in own else None,
+            )
             for n in sorted(state.nodes.values(), key=lambda n: n.node_id)
+            if n.node_id in shown
         ],
         clusters=[
             ClusterOut(cluster=c.cluster, gpu_type=c.gpu_type, gpus=c.gpus) for c in state.clusters.values()
         ],
         policies=[EventOut.of(p) for p in sorted(state.policies.values(), key=lambda p: p.effective_from)],
-        agreements=[EventOut.of(a) for _, a in sorted(state.agreements.items())],
-        revoked_agreements=sorted(state.revoked),
-    )
+        agreements=[EventOut.of(a) for _, a in agreements],
+        revoked_agreements=sorted(k for k in state.revoked if everything or k in dict(agreements)),
+    )  # fmt: skip

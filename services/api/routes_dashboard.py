@@ -303,7 +303,7 @@ async def cluster_utilization(
     "/fairshare",
     response_model=m.FairShareOut,
     responses={**ERRORS, 200: {"content": CSV}},
-    summary="The fair-share tree as rows (leads: the paths to their projects)",
+    summary="The fair-share tree as rows (leads: their subtrees, and the path above with shares only)",
 )
 async def fairshare(caller: Reader, views: Views, format: Format = "json") -> m.FairShareOut | Response:
     def build() -> m.FairShareOut:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
+from allmende.schemas.events import NAME_MAX_LENGTH, NAME_PATTERN
 from allmende.services.admin_service import AdminService
 from allmende.services.api.access import readable_projects, require_project
 from allmende.services.api.auth import Principal, Reader
@@ -17,7 +18,8 @@ from allmende.services.api.models import ErrorBody, ProjectUsage, UsageDay, gpu_
 router = APIRouter(prefix="/v1", tags=["usage"])
 
 MAX_RANGE_DAYS = 3_700  # ten years: a bound on every query
-ProjectName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")]
+# A project is a name (docs/security.md, "Identifiers"): anything else is refused with a 422.
+ProjectName = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
 
 
 def _usage(

@@ -1,8 +1,9 @@
 """The browser pages of the burn-rate dashboards: sign-in, the overview, one project's page.
 
 The pages are Jinja2 templates with plain JavaScript that reads the JSON routes of
-docs/dashboard-api.md with the session cookie the sign-in form sets (HttpOnly, SameSite=Strict;
-the token never appears in a URL). ECharts is vendored in the package (`assets`), served from
+docs/dashboard-api.md with the session cookie the sign-in form sets (HttpOnly, SameSite=Strict).
+The cookie holds an opaque session id, never the token (docs/security.md); sign-out ends the
+session here, not only in the browser. ECharts is vendored in the package (`assets`), served from
 here: no CDN.
 """
 
@@ -19,6 +20,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from allmende.domain.admin_state import AdminState
+from allmende.schemas.events import valid_name
 from allmende.services.api.access import readable_projects, require_project
 from allmende.services.api.auth import SESSION_COOKIE, Principal, TokenBook, principal_of
 from allmende.services.web.assets import ECHARTS, STATIC
@@ -78,10 +80,13 @@ async def signin(request: Request) -> Response:
             "project leads."
         )
         return _page(request, "signin.html", status=401, title="Sign in", message=message)
+    if previous := request.cookies.get(SESSION_COOKIE):
+        book.sessions.close(previous)  # signing in again replaces the session, never adds one
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        token,
+        book.sessions.open(principal),
+        max_age=int(book.sessions.ttl_s),
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
@@ -92,6 +97,9 @@ async def signin(request: Request) -> Response:
 
 @router.api_route("/signout", methods=["GET", "POST"])
 async def signout(request: Request) -> Response:
+    book: TokenBook = request.app.state.tokens
+    if session := request.cookies.get(SESSION_COOKIE):
+        book.sessions.close(session)  # the id is worthless from here on, whoever copied it
     response = _to_signin()
     response.delete_cookie(
         SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
@@ -133,6 +141,13 @@ async def project_page(request: Request, project: str) -> Response:
     if principal is None:
         return _to_signin()
     state = _admin_state(request)
+    try:
+        valid_name(project)
+    except ValueError as invalid:
+        return _page(
+            request, "message.html", status=404, title="No such project", principal=principal,
+            heading="No such project", sentence=f"{invalid}.",
+        )  # fmt: skip
     has_usage = request.app.state.admin.store.project_days(project) is not None
     try:
         require_project(state, principal, project, has_usage=has_usage)

@@ -223,6 +223,7 @@ def test_the_session_cookie_is_httponly_and_strict_and_signing_out_clears_it(
     assert cookie["name"] == "allmende_session"
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
     assert cookie["secure"] is False  # plain http here; https requests get Secure
+    assert ADMIN_TOKEN not in cookie["value"]  # an opaque session id, never the token
     visit = open_page(context, f"{platform.url}/ui/overview")
     assert visit.page.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
     assert ADMIN_TOKEN not in visit.page.url
@@ -255,3 +256,8 @@ def test_the_session_cookie_is_httponly_and_strict_and_signing_out_clears_it(
     assert context.cookies() == []
     visit.page.goto(f"{platform.url}/ui/overview")
     assert urlsplit(visit.page.url).path == "/ui/signin"
+    # Sign-out ended the session on the server: the old cookie, put back, opens nothing.
+    context.add_cookies([cookie])
+    visit.page.goto(f"{platform.url}/ui/overview")
+    assert urlsplit(visit.page.url).path == "/ui/signin"
+    assert visit.page.request.get(f"{platform.url}/v1/dashboard/projects").status == 401
