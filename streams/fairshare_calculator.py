@@ -41,8 +41,8 @@ from allmende.domain.fairshare.result import FairShareResult, ShareRow
 from allmende.domain.fairshare.usage import UsageLedger, decayed_usage, share_tree
 from allmende.domain.postings import newest_per_entry
 from allmende.schemas.fairshare import FairShareRecord
-from allmende.schemas.ledger import decode_entries
 from allmende.streams.admin_log import AdminLog
+from allmende.streams.ledger_writer import postable_entries
 
 log = structlog.get_logger(__name__)
 
@@ -134,8 +134,8 @@ class FairShareCalculator:
         policies = {p.policy_id: p.effective_from for p in self.admin_log.state.policies.values()}
         entries = []
         for value in values:
-            try:
-                entries.extend(decode_entries(value))
+            try:  # what the ledger can hold, by the writer's own rule: usage the ledger refuses is no usage
+                entries.extend(postable_entries(value))
             except (ValueError, TypeError):
                 continue  # the ledger writer dead-letters these; fair share just skips them
         changed = False

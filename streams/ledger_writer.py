@@ -6,10 +6,17 @@ ledger itself), appends the postings as one INSERT, then records the next offset
 partition in `ingest_offsets`. On (re)assignment it seeks to those offsets, not to Kafka's
 committed ones: the record of what was processed lives next to the ledger it fed. Kafka offsets
 are committed too, for lag dashboards only.
+
+Every record has one fate: posted, or dead-lettered with its reason. A record the ledger cannot
+hold (not JSON, not entries, a field of the wrong type or out of the columns' range) is refused
+on its own, never failing its batch; the offsets are saved only once the batch's postings are in
+and its dead letters acknowledged. A ClickHouse or Kafka failure fails the batch, which is read
+again from the saved offsets: an outage never dead-letters good records.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +26,7 @@ from dataclasses import asdict, dataclass
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.producer.future import FutureRecordMetadata
 
 from allmende.core.kafka_reading import LagWatch, wait_for_partitions
 from allmende.core.ledger_store import LedgerStore
@@ -84,6 +92,34 @@ class _JobCache:
         self._jobs.clear()
 
 
+# What the ledger's columns hold (schemas/clickhouse/): `day` is a Date (up to 2149-06-06), `gpus`
+# at most what a job event may carry, so gpu_seconds x 10,000 (idle units) fits an Int64.
+_LAST_SECOND = 65_536 * 86_400 - 1
+_MAX_GPUS = 100_000  # the job events' bound (schemas/events.py)
+_FIELDS = tuple(LedgerEntry.__dataclass_fields__)
+_fields_of = operator.attrgetter(*_FIELDS)
+_INTS = ("version", "interval_start", "interval_end", "gpus", "utilization_bp")
+_TYPES = tuple(int if f in _INTS else bool if f == "interactive" else str for f in _FIELDS)
+
+
+def postable_entries(value: bytes | None) -> list[LedgerEntry]:
+    """The entries of one ledger-entry record, each one the ledger can hold; else ValueError or
+    TypeError saying why. Checked per record, so a bad one never fails the batch's INSERT."""
+    if value is None:
+        raise ValueError("no value (a tombstone)")
+    entries = decode_entries(value)
+    for entry in entries:
+        if tuple(map(type, _fields_of(entry))) != _TYPES:  # exact: a bool is no int here
+            raise TypeError(f"ledger entry {str(entry.entry_id)[:100]!r} has a field of the wrong type")
+        if not (
+            0 <= entry.interval_start <= entry.interval_end <= _LAST_SECOND
+            and entry.gpus <= _MAX_GPUS
+            and entry.version < 2**64
+        ):
+            raise ValueError(f"ledger entry {entry.entry_id[:100]!r} is out of the ledger's range")
+    return entries
+
+
 class LedgerWriter:
     def __init__(
         self,
@@ -123,21 +159,28 @@ class LedgerWriter:
         entries: list[LedgerEntry] = []
         refused = 0
         for partition, offset, key, value in records:
+            # Whatever a record holds, it is refused here or posts below: nothing it holds may
+            # raise out of the batch (the loop would retry the same batch for ever).
             try:
-                entries.extend(decode_entries(value))
+                entries.extend(postable_entries(value))
+                continue
             except (ValueError, TypeError) as exc:
-                refused += 1
-                dead_letter(
-                    DeadLetter.of(
-                        stage="ledger-writer",
-                        reason=f"not a ledger entry: {exc}",
-                        topic=self.topic,
-                        partition=partition,
-                        offset=offset,
-                        key=key,
-                        value=value,
-                    )
+                reason = f"not a ledger entry: {exc}"
+            except Exception as exc:  # a record no rule foresaw: refused with what it raised
+                reason = f"not a ledger entry: unexpected {type(exc).__name__}: {exc}"
+            refused += 1
+            # Bounded (schemas/dead_letter.py): it fits on the topic whatever the record holds.
+            dead_letter(
+                DeadLetter.of(
+                    stage="ledger-writer",
+                    reason=reason,
+                    topic=self.topic,
+                    partition=partition,
+                    offset=offset,
+                    key=key,
+                    value=value,
                 )
+            )
         newest = newest_per_entry(entries)
         current = self._cache.current(e.job_id for e in newest.values())
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
@@ -199,8 +242,13 @@ class LedgerWriter:
             def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
                 writer._seek_to_stored(consumer, assigned)
 
+        # Dead letters of the batch in hand. `flush` waits until each is done, delivered or not;
+        # each is checked before the offsets are saved, so a letter the broker did not take fails
+        # the batch (the loop retries it from the saved offsets) instead of being passed by.
+        letters: list[FutureRecordMetadata] = []
+
         def dead_letter(record: DeadLetter) -> None:
-            producer.send(s.dead_letter_topic, value=record.to_json())
+            letters.append(producer.send(s.dead_letter_topic, value=record.to_json()))
 
         if s.writer_mode == "group":
             consumer.subscribe([self.topic], listener=_Rebalance())
@@ -218,6 +266,9 @@ class LedgerWriter:
                         admin_log.catch_up()
                         self.post_batch(records, dead_letter, admin_log.timeline())
                         producer.flush()
+                        for letter in letters:
+                            letter.get(timeout=0)  # raises what kept it from the broker
+                        letters.clear()
                         next_offsets: dict[int, int] = {}
                         for partition, offset, _, _ in records:
                             next_offsets[partition] = max(next_offsets.get(partition, 0), offset + 1)

@@ -5,17 +5,29 @@ guarantee is at least once, so nothing here relies on exactly-once: the per-job 
 a faust table (changelogged, so it follows partitions across workers and restarts), every entry
 it emits has a deterministic id and version, and a redelivered event re-emits the entries it
 produced the first time, which the ledger writer then ignores as already posted.
+
+Every record has one fate: counted, or dead-lettered with its reason. Nothing a record holds
+(any bytes, any size, any contract violation) escapes its own parse and apply; a dead letter is
+bounded, so it always fits on its topic; and a batch ends (faust then acks its events, and
+commits them later) only once the broker has acknowledged every ledger entry and dead letter it
+produced (`_Deliveries`). What cannot be made durable ends the process before any ack
+(`_end_before_acks`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterable
-from typing import Any
+from collections.abc import AsyncIterable, Awaitable
+from typing import Any, NoReturn
 
 import faust
 import structlog
-from faust.types import EventT
+from aiokafka.errors import KafkaTimeoutError
+from faust.exceptions import ProducerSendError
+from faust.types import EventT, RecordMetadata
 
 from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, register
 from allmende.core.settings import Settings
@@ -92,6 +104,111 @@ async def _producer_knows(app: faust.App, topic: str) -> None:
     await driver._ensure_producer().partitions_for(topic)
 
 
+# A ledger-entry record stays this small: a job's burst of events (or a late JobSubmitted, which
+# re-emits every entry of the job) is split over several records rather than exceed the
+# producer's 1 MB. Entries are independent (the writer keeps the largest revision of each), so
+# how they are grouped into records changes nothing.
+ENTRY_RECORD_MAX_BYTES = 512 * 1024
+
+# A send the broker did not take is sent again after this long, then twice as long, up to the cap.
+RESEND_FIRST_S = 0.5
+RESEND_MAX_S = 30.0
+EXIT_BATCH_FAILED = 70  # EX_SOFTWARE: the worker's exit when a batch's fate cannot be made durable
+
+
+def entry_records(entries: list[LedgerEntry], max_bytes: int = ENTRY_RECORD_MAX_BYTES) -> list[bytes]:
+    """`entries` as ledger-entry records (JSON arrays) of at most `max_bytes` each (but one entry)."""
+    value = encode_entries(entries)
+    if len(value) <= max_bytes or len(entries) == 1:
+        return [value]
+    half = len(entries) // 2
+    return entry_records(entries[:half], max_bytes) + entry_records(entries[half:], max_bytes)
+
+
+def _worth_resending(exc: BaseException) -> bool:
+    """An error the broker's return may mend (it is away, slow, electing a leader)."""
+    cause = exc.__cause__ if isinstance(exc, ProducerSendError) and exc.__cause__ is not None else exc
+    return isinstance(cause, KafkaTimeoutError) or bool(getattr(cause, "retriable", False))
+
+
+class _Deliveries:
+    """The records one batch produces (ledger entries, dead letters), delivered before it ends.
+
+    Why not leave them to faust: faust commits a batch's offsets once the agent has acked its
+    events, and it flushes its producer first (faust/transport/consumer.py, `_commit_offsets`:
+    `await self.app.producer.flush()` before `self._commit(...)`, when not in a transaction). But
+    aiokafka's flush only waits until every pending batch is done, delivered or failed
+    (aiokafka/producer/message_accumulator.py, `flush`); a send that failed (a broker away for
+    longer than the producer's request timeout) would not stop the commit. So the meter waits for
+    each record's own acknowledgement, and sends again what the broker did not take, for as long
+    as it takes: an outage stalls the batch (and with it the commits), it never loses a record.
+    """
+
+    def __init__(self, app: faust.App) -> None:
+        self._producer = app.producer
+        self._records: list[tuple[str, bytes | None, bytes]] = []
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._records.append((topic, key, value))
+
+    async def delivered(self) -> None:
+        """Return once the broker has acknowledged every record (in any order)."""
+        pending = [(record, await self._sent(record)) for record in self._records]
+        for record, future in pending:
+            delay = RESEND_FIRST_S
+            while True:
+                try:
+                    await future
+                    break
+                except Exception as exc:
+                    if not _worth_resending(exc):
+                        raise
+                    log.warning("meter_send_failed", topic=record[0], error=repr(exc), retry_in_s=delay)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, RESEND_MAX_S)
+                    future = await self._sent(record)
+        self._records.clear()
+
+    async def _sent(self, record: tuple[str, bytes | None, bytes]) -> Awaitable[RecordMetadata]:
+        """The record handed to the producer: its delivery to await. A send refused at once for a
+        reason the broker's return may mend (metadata unavailable) is a delivery that failed."""
+        topic, key, value = record
+        try:
+            return await self._producer.send(topic, key, value, partition=None, timestamp=None, headers=None)
+        except Exception as exc:
+            if not _worth_resending(exc):
+                raise
+            failed: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+
+
+def _end_before_acks(exc: Exception, batch: list[EventT[bytes]]) -> NoReturn:
+    """End the worker at once: the batch's events must not be acked.
+
+    Nothing a record holds gets here (`meter_batch` guards each record); only I/O that retrying
+    cannot mend (a record the broker refuses for good) or a bug does. Raising would not do:
+    faust's `take_events` (faust/streams.py) acks the events it yielded in a `finally`, which runs
+    when the agent's body raises too (the generator is closed), so the next commit would pass the
+    events whose fate is unknown, and faust restarts the agent with the consumer already past
+    them: lost for good (issue 22). Nor can the meter hold back their acks: faust commits past a
+    gap at the head of a partition's acked offsets (`Consumer._new_offset` checks it only when a
+    commit exists and the gap is more than one offset). So the process ends without acking,
+    committing or flushing; a worker started again (`allmende up`, systemd) or the group's other
+    workers meter the events again from the last commit, which the ledger takes at most once.
+    """
+    log.critical(
+        "meter_batch_failed",
+        error=repr(exc),
+        events=len(batch),
+        first=[(e.message.partition, e.message.offset) for e in batch[:1]],
+        exc_info=exc,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_BATCH_FAILED)
+
+
 def create_app(settings: Settings) -> faust.App:
     register(METER)
     app = faust.App(
@@ -121,7 +238,6 @@ def create_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         partitions=settings.topic_partitions,
     )
-    dead_letters = app.topic(settings.dead_letter_topic, key_serializer="raw", value_serializer="raw")
     # Batches mix partitions, so the changelog partition comes from the key (same murmur2
     # partitioner as the producers of job events), not from the "current event".
     meters = app.Table(
@@ -135,10 +251,10 @@ def create_app(settings: Settings) -> faust.App:
 
     decoded = _DecodedMeters()
 
-    async def refuse(event: EventT[bytes], reason: str) -> None:
+    def refuse(out: _Deliveries, event: EventT[bytes], reason: str) -> None:
         METER_DEAD_LETTERS.inc()
         message = event.message
-        log.warning("event_refused", reason=reason, partition=message.partition, offset=message.offset)
+        # Bounded (schemas/dead_letter.py): it fits on the topic whatever the record holds.
         record = DeadLetter.of(
             stage="meter",
             reason=reason,
@@ -148,50 +264,85 @@ def create_app(settings: Settings) -> faust.App:
             key=message.key,
             value=message.value,
         )
-        await dead_letters.send(value=record.to_json())
+        log.warning("event_refused", reason=record.reason, partition=message.partition, offset=message.offset)
+        out.send(dead_letters_topic, None, record.to_json())
+
+    def parsed_or_refused(out: _Deliveries, event: EventT[bytes]) -> JobEvent | None:
+        """The event, or None once it is dead-lettered: nothing a record holds escapes."""
+        message = event.message
+        try:
+            if message.value is None:
+                raise ContractError("no value (a tombstone), not a job event")
+            parsed = parse_job_event(message.value)
+            key = message.key
+            if key is not None and key != parsed.job_id.encode():
+                reason = f"key {key[:100]!r} is not the job id {parsed.job_id!r}"
+            else:
+                return parsed
+        except ContractError as exc:
+            reason = exc.reason
+        except Exception as exc:  # a record no rule foresaw: refused with what it raised
+            reason = f"unexpected {type(exc).__name__}: {exc}"
+        refuse(out, event, reason)
+        return None
+
+    def metered(
+        out: _Deliveries, job_id: str, raw: bytes | None, items: list[tuple[EventT[bytes], JobEvent]]
+    ) -> tuple[JobMeter, list[LedgerEntry]]:
+        """The job's state with the batch's events applied, and the entries they emitted."""
+        state = decoded.get(job_id, raw)
+        emitted: list[LedgerEntry] = []
+        applied: list[JobEvent] = []
+        for event, parsed in items:
+            try:
+                emitted.extend(state.apply(parsed))
+                applied.append(parsed)
+            except MeteringRejected as exc:  # raised before the state changes
+                refuse(out, event, str(exc))
+            except Exception as exc:
+                refuse(out, event, f"unexpected {type(exc).__name__}: {exc}")
+                # It may have changed the state before it raised: the state again, without it.
+                state = JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
+                emitted = [entry for earlier in applied for entry in state.apply(earlier)]
+        return state, emitted
 
     @app.agent(job_events)
     async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
         changelog_known = False
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
-            if not changelog_known:  # events flow once the table has declared its changelog topic
-                await _producer_knows(app, meters.changelog_topic.get_topic_name())
-                changelog_known = True
-            by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
-            for event in batch:
-                try:
-                    parsed = parse_job_event(event.message.value)
-                except ContractError as exc:
-                    await refuse(event, exc.reason)
-                    continue
-                key = event.message.key
-                if key is not None and key != parsed.job_id.encode():
-                    await refuse(event, f"key {key!r} is not the job id {parsed.job_id!r}")
-                    continue
-                by_job[parsed.job_id].append((event, parsed))
-            for job_id, items in by_job.items():
-                raw = meters.get(job_id.encode())
-                state = decoded.get(job_id, raw)
-                emitted: list[LedgerEntry] = []
-                for event, parsed in items:
-                    try:
-                        emitted.extend(state.apply(parsed))
-                    except MeteringRejected as exc:
-                        await refuse(event, str(exc))
-                raw = state.to_bytes()
-                meters[job_id.encode()] = raw
-                decoded.put(job_id, raw, state)
-                key = job_id.encode()
-                if emitted:
-                    # The producer's own send: faust flushes it before committing offsets.
-                    await app.producer.send(
-                        ledger_entries.get_topic_name(),
-                        key,
-                        encode_entries(list(newest_per_entry(emitted).values())),
-                        partition=None,
-                        timestamp=None,
-                        headers=None,
-                    )
-                METER_EVENTS.inc(len(items))
+            try:
+                if not changelog_known:  # events flow once the table has declared its changelog topic
+                    await _producer_knows(app, meters.changelog_topic.get_topic_name())
+                    changelog_known = True
+                await meter_batch(batch)
+            except Exception as exc:
+                _end_before_acks(exc, batch)
 
+    async def meter_batch(batch: list[EventT[bytes]]) -> None:
+        """Give every event of the batch its fate (counted or dead-lettered) and make it durable.
+
+        A record's content never raises out of here: parsing and applying are guarded per record.
+        What may raise is I/O that retrying did not mend, or a bug: see `_end_before_acks`.
+        """
+        out = _Deliveries(app)
+        by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
+        for event in batch:
+            parsed = parsed_or_refused(out, event)
+            if parsed is not None:
+                by_job[parsed.job_id].append((event, parsed))
+        for job_id, items in by_job.items():
+            key = job_id.encode()
+            raw = meters.get(key)
+            state, emitted = metered(out, job_id, raw, items)
+            raw = state.to_bytes()
+            meters[key] = raw
+            decoded.put(job_id, raw, state)
+            if emitted:
+                for value in entry_records(list(newest_per_entry(emitted).values())):
+                    out.send(ledger_entries_topic, key, value)
+            METER_EVENTS.inc(len(items))
+        await out.delivered()
+
+    ledger_entries_topic = ledger_entries.get_topic_name()
+    dead_letters_topic = settings.dead_letter_topic
     return app
