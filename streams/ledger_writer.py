@@ -258,6 +258,7 @@ class LedgerWriter:
             partitions = wait_for_partitions(consumer, self.topic)
             consumer.assign(partitions)
             self._seek_to_stored(consumer, partitions)
+        self.last_error = None  # Kafka answers again: a failure before is over (no batch may come)
         try:
             while not stop.is_set():
                 records = self._take(consumer, stop)
