@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from allmende.core.clickhouse import Database
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.ledger_store import LedgerStore
 from allmende.core.settings import Settings
+from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.harness import Pipeline
 from allmende.testing.tagged_settings import tagged_settings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -72,3 +77,31 @@ def elasticflow_tarball() -> Path:
     if not path.exists():
         pytest.skip(f"trace not found at {path}")
     return path
+
+
+# The ledger of one test and its pipeline (tests/integration, tests/faults).
+@pytest.fixture
+def store(settings: Settings) -> LedgerStore:
+    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
+    db.migrate()
+    ensure_topics(settings)
+    return LedgerStore(db)
+
+
+@pytest.fixture
+def writer(settings: Settings, store: LedgerStore) -> Iterator[LedgerWriter]:
+    w = LedgerWriter(settings, store)
+    w.start()
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def pipeline(
+    settings: Settings, store: LedgerStore, writer: LedgerWriter, tmp_path: Path
+) -> Iterator[Pipeline]:
+    """A ledger writer running; start meter workers with `pipeline.start_meter()`."""
+    running = Pipeline(settings, store, writer, tmp_path / "logs")
+    yield running
+    for worker in running.meters:
+        worker.kill()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,6 @@ import orjson
 import pytest
 from kafka import KafkaProducer
 
-from allmende.core.clickhouse import Database
-from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.replay import timeline
 from allmende.core.settings import Settings
@@ -36,7 +34,6 @@ from allmende.domain.traces import TraceFormat, TraceJob, job_events
 from allmende.schemas.dead_letter import KEY_PREFIX_MAX, RECORD_MAX_BYTES, VALUE_PREFIX_MAX, DeadLetter
 from allmende.schemas.events import JobEvent, JobFinished, JobSubmitted, encode_event
 from allmende.schemas.ledger import LedgerEntry, encode_entries
-from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.harness import Pipeline, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,26 +41,6 @@ SAMPLE_EVERY_S = 600
 SEED = 22
 EACH_KIND = 3  # bad records of each kind
 OVERSIZED = 900_000  # characters of the oversized field: under the broker's 1 MB, as in issue 22
-
-
-@pytest.fixture
-def store(settings: Settings) -> LedgerStore:
-    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
-    db.migrate()
-    ensure_topics(settings)
-    return LedgerStore(db)
-
-
-@pytest.fixture
-def pipeline(settings: Settings, store: LedgerStore, tmp_path: Path) -> Iterator[Pipeline]:
-    """A ledger writer running; meter workers started by the test."""
-    writer = LedgerWriter(settings, store)
-    writer.start()
-    running = Pipeline(settings, store, writer, tmp_path / "logs")
-    yield running
-    for worker in running.meters:
-        worker.kill()
-    writer.stop()
 
 
 @dataclass(frozen=True, eq=False)
