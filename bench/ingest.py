@@ -36,6 +36,7 @@ from allmende.core.settings import Settings
 from allmende.core.trace_files import read_trace
 from allmende.domain.traces import TraceFormat
 from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.declared_plan import declare
 from allmende.testing.harness import MeterWorker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,6 +140,7 @@ def main() -> None:
         jobs = list(read_trace(TRACE, TraceFormat.ELASTICFLOW, cluster=args.cluster))
         expected_gpu_seconds = sum(j.gpu_seconds for j in jobs)
         ensure_topics(settings)
+        declare(settings, jobs)  # the meter checks every event against the plan
         producer = make_producer(bootstrap)
         t0 = time.perf_counter()
         events = publish(producer, settings.job_events_topic, timeline(jobs, args.sample_every))

@@ -29,6 +29,7 @@ VALUE_PREFIX_MAX = 64 * 1024  # bytes of the refused value kept
 KEY_PREFIX_MAX = 1024  # bytes of the refused key kept
 REASON_MAX = 2_000  # characters of the reason
 STAGE_MAX = 64
+CODE_MAX = 64
 TOPIC_MAX = 249  # Kafka's own limit on a topic name
 RECORD_MAX_BYTES = 128 * 1024  # a letter's JSON never exceeds this
 
@@ -40,6 +41,9 @@ def _b64_length(n: int) -> int:
 class DeadLetter(BaseModel):
     stage: Annotated[str, Field(max_length=STAGE_MAX)]  # who refused it: "meter", "ledger-writer", ...
     reason: Annotated[str, Field(max_length=REASON_MAX)]
+    # What kind of refusal, for listing and re-driving by kind: "contract", "conflict",
+    # "unknown-project", "over-capacity", ... ("" in letters written before codes).
+    code: Annotated[str, Field(max_length=CODE_MAX)] = ""
     source_topic: Annotated[str, Field(max_length=TOPIC_MAX)]
     source_partition: int
     source_offset: int
@@ -57,6 +61,7 @@ class DeadLetter(BaseModel):
         *,
         stage: str,
         reason: str,
+        code: str = "",
         topic: str,
         partition: int,
         offset: int,
@@ -68,6 +73,7 @@ class DeadLetter(BaseModel):
         return cls(
             stage=_bounded(stage, STAGE_MAX),
             reason=_bounded(reason, REASON_MAX),
+            code=_bounded(code, CODE_MAX),
             source_topic=_bounded(topic, TOPIC_MAX),
             source_partition=partition,
             source_offset=offset,

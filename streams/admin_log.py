@@ -111,8 +111,8 @@ class AdminLog:
             log.warning("admin_event_refused", reason=exc.reason, offset=offset)
             if self._dead_letters:
                 record = DeadLetter.of(
-                    stage="admin-log", reason=exc.reason, topic=self.topic, partition=0, offset=offset,
-                    key=key, value=value,
+                    stage="admin-log", reason=exc.reason, code="contract", topic=self.topic, partition=0,
+                    offset=offset, key=key, value=value,
                 )  # fmt: skip
                 self._producer_for().send(self.settings.dead_letter_topic, value=record.to_json())
             return

@@ -174,6 +174,7 @@ class LedgerWriter:
                 DeadLetter.of(
                     stage="ledger-writer",
                     reason=reason,
+                    code="contract",
                     topic=self.topic,
                     partition=partition,
                     offset=offset,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterable, Awaitable
 from typing import Any, NoReturn
@@ -31,11 +32,14 @@ from faust.types import EventT, RecordMetadata
 
 from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, register
 from allmende.core.settings import Settings
+from allmende.domain.admin_state import AdminState
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
+from allmende.domain.usage_checks import ImpossibleUsage, PlanView, check_event
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import ContractError, JobEvent, parse_job_event
 from allmende.schemas.ledger import LedgerEntry, encode_entries
+from allmende.streams.admin_log import AdminLog
 
 log = structlog.get_logger(__name__)
 
@@ -183,6 +187,32 @@ class _Deliveries:
             return failed
 
 
+class _Plan:
+    """The plan the meter checks events against (domain/usage_checks.py): the admin log, caught
+    up to its end before every batch, so a plan applied before events were sent is in force
+    for them. The admin log away (Kafka away): the batch waits, as its deliveries would."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._log = AdminLog(settings, dead_letters=False)  # the API dead-letters the admin log
+        self._state: AdminState | None = None
+        self._view = PlanView.of(AdminState())
+
+    async def current(self) -> PlanView:
+        delay = RESEND_FIRST_S
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                state = await loop.run_in_executor(None, self._log.catch_up, 10.0)
+                break
+            except Exception as exc:
+                log.warning("meter_plan_unavailable", error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RESEND_MAX_S)
+        if state is not self._state:  # catch_up returns the same object until something folds
+            self._state, self._view = state, PlanView.of(state)
+        return self._view
+
+
 def _end_before_acks(exc: Exception, batch: list[EventT[bytes]]) -> NoReturn:
     """End the worker at once: the batch's events must not be acked.
 
@@ -250,21 +280,29 @@ def create_app(settings: Settings) -> faust.App:
     )
 
     decoded = _DecodedMeters()
+    plan = _Plan(settings)
 
-    def refuse(out: _Deliveries, event: EventT[bytes], reason: str) -> None:
+    def refuse(out: _Deliveries, event: EventT[bytes], reason: str, code: str) -> None:
         METER_DEAD_LETTERS.inc()
         message = event.message
         # Bounded (schemas/dead_letter.py): it fits on the topic whatever the record holds.
         record = DeadLetter.of(
             stage="meter",
             reason=reason,
+            code=code,
             topic=message.topic,
             partition=message.partition,
             offset=message.offset,
             key=message.key,
             value=message.value,
         )
-        log.warning("event_refused", reason=record.reason, partition=message.partition, offset=message.offset)
+        log.warning(
+            "event_refused",
+            code=code,
+            reason=record.reason,
+            partition=message.partition,
+            offset=message.offset,
+        )
         out.send(dead_letters_topic, None, record.to_json())
 
     def parsed_or_refused(out: _Deliveries, event: EventT[bytes]) -> JobEvent | None:
@@ -276,18 +314,23 @@ def create_app(settings: Settings) -> faust.App:
             parsed = parse_job_event(message.value)
             key = message.key
             if key is not None and key != parsed.job_id.encode():
-                reason = f"key {key[:100]!r} is not the job id {parsed.job_id!r}"
+                reason, code = f"key {key[:100]!r} is not the job id {parsed.job_id!r}", "contract"
             else:
                 return parsed
         except ContractError as exc:
-            reason = exc.reason
+            reason, code = exc.reason, "contract"
         except Exception as exc:  # a record no rule foresaw: refused with what it raised
-            reason = f"unexpected {type(exc).__name__}: {exc}"
-        refuse(out, event, reason)
+            reason, code = f"unexpected {type(exc).__name__}: {exc}", "unexpected"
+        refuse(out, event, reason, code)
         return None
 
     def metered(
-        out: _Deliveries, job_id: str, raw: bytes | None, items: list[tuple[EventT[bytes], JobEvent]]
+        out: _Deliveries,
+        job_id: str,
+        raw: bytes | None,
+        items: list[tuple[EventT[bytes], JobEvent]],
+        in_force: PlanView,
+        now: int,
     ) -> tuple[JobMeter, list[LedgerEntry]]:
         """The job's state with the batch's events applied, and the entries they emitted."""
         state = decoded.get(job_id, raw)
@@ -295,12 +338,15 @@ def create_app(settings: Settings) -> faust.App:
         applied: list[JobEvent] = []
         for event, parsed in items:
             try:
+                check_event(parsed, in_force, state.submitted, now, settings.clock_skew_s)
                 emitted.extend(state.apply(parsed))
                 applied.append(parsed)
+            except ImpossibleUsage as exc:  # checked before the state changes
+                refuse(out, event, str(exc), exc.code)
             except MeteringRejected as exc:  # raised before the state changes
-                refuse(out, event, str(exc))
+                refuse(out, event, str(exc), "conflict")
             except Exception as exc:
-                refuse(out, event, f"unexpected {type(exc).__name__}: {exc}")
+                refuse(out, event, f"unexpected {type(exc).__name__}: {exc}", "unexpected")
                 # It may have changed the state before it raised: the state again, without it.
                 state = JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
                 emitted = [entry for earlier in applied for entry in state.apply(earlier)]
@@ -325,6 +371,7 @@ def create_app(settings: Settings) -> faust.App:
         What may raise is I/O that retrying did not mend, or a bug: see `_end_before_acks`.
         """
         out = _Deliveries(app)
+        in_force, now = await plan.current(), int(time.time())
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
         for event in batch:
             parsed = parsed_or_refused(out, event)
@@ -333,7 +380,7 @@ def create_app(settings: Settings) -> faust.App:
         for job_id, items in by_job.items():
             key = job_id.encode()
             raw = meters.get(key)
-            state, emitted = metered(out, job_id, raw, items)
+            state, emitted = metered(out, job_id, raw, items, in_force, now)
             raw = state.to_bytes()
             meters[key] = raw
             decoded.put(job_id, raw, state)

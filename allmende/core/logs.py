@@ -10,6 +10,26 @@ import structlog
 from allmende.core.settings import Settings
 
 
+class _StderrLogger:
+    """Writes each line to the *current* ``sys.stderr``.
+
+    structlog's PrintLogger keeps the stream it was built with; when that stream is a
+    test runner's capture (or a CLI runner's) that is closed afterwards, every later log
+    line in the process fails with "I/O operation on closed file".
+    """
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    log = debug = info = warning = warn = error = err = critical = fatal = exception = msg
+
+
+def _stderr_logger(*_args: object) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(settings: Settings) -> None:
     level = logging.getLevelName(settings.log_level.upper())
     renderer: structlog.typing.Processor = (
@@ -26,6 +46,6 @@ def configure_logging(settings: Settings) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level if isinstance(level, int) else 20),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )

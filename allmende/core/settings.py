@@ -1,4 +1,4 @@
-"""All configuration, from environment variables prefixed `ALLMENDE_` (see docs/configuration)."""
+"""All configuration, from environment variables prefixed `ALLMENDE_` (the README's configuration table)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     # last state it has, saying how old that is.
     write_timeout_ms: int = Field(default=250, ge=20, le=60_000)
     read_timeout_ms: int = Field(default=250, ge=10, le=60_000)
+
+    # The meter refuses an event whose instant is further ahead of its clock than this (a node's
+    # wrong clock would otherwise charge hours that have not happened); a replay of the past is
+    # unaffected.
+    clock_skew_s: int = Field(default=300, ge=0)
 
     # Admission: an admitted job that has not started by then frees its GPUs and its hold.
     admission_enabled: bool = True

@@ -39,6 +39,8 @@ from allmende.simulator.platform import ObservingSink, PlatformPolicy
 from allmende.simulator.writer import LedgerCheck
 from allmende.topology import MeterProcess, meter_env
 
+SIMULATED_CLOCK_SKEW_S = 100 * 366 * 86_400  # a simulated quarter may lie ahead: no bound to speak of
+
 
 def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings:
     """`base` (the broker, the ClickHouse DSN) with topics, database and meter state of a run's own.
@@ -58,6 +60,8 @@ def run_settings(base: Settings, work: Path, run: str | None = None) -> Settings
             "meter_app_id": f"{tag}-meter",
             "meter_data_dir": work / "faust",
             "writer_group": f"{tag}-writer",
+            # A run's instants are the simulation's, in the plan's period, not the wall clock's.
+            "clock_skew_s": SIMULATED_CLOCK_SKEW_S,
         }
     )
 

@@ -12,8 +12,10 @@ from allmende.core.ledger_store import LedgerStore
 from allmende.core.replay import make_producer, publish
 from allmende.core.settings import Settings
 from allmende.core.supervisor import wait_until as wait_until  # the tests wait with it
+from allmende.domain.traces import TraceJob
 from allmende.schemas.events import JobEvent
 from allmende.streams.ledger_writer import LedgerWriter
+from allmende.testing.declared_plan import declare
 from allmende.topology import MeterProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +34,11 @@ class Pipeline:
         self.writer = writer
         self.logs = logs
         self.meters: list[MeterWorker] = []
+
+    def declare(self, jobs: Iterable[TraceJob | JobEvent]) -> None:
+        """Declare the projects and clusters of `jobs` on the admin log (the meter checks events
+        against the plan), before their events are sent."""
+        declare(self.settings, jobs)
 
     def start_meter(self, metrics_port: int = 0) -> MeterWorker:
         worker = MeterWorker(self.settings, self.logs, metrics_port=metrics_port)

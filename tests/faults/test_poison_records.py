@@ -8,8 +8,9 @@ exactly one letter per bad record (matched by the source partition and offset th
 it), each with its reason, each small enough for the topic. The same for the ledger writer's own
 input, the ledger-entry topic.
 
-Not in the fuzz: a job of an unknown project. The meter does not know the plan (budget and plan
-checks are the admission's and issue 28's), so no rule refuses it today.
+Among the bad records, usage that cannot have happened (domain/usage_checks.py): a job of a project
+or on a cluster the plan does not declare, of a GPU type its cluster lacks, on more GPUs than its
+cluster has, a reading from beyond the meter's clock.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +33,11 @@ from allmende.core.settings import Settings
 from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.traces import TraceFormat, TraceJob, job_events
+from allmende.schemas.admin_events import ClusterDeclared
 from allmende.schemas.dead_letter import KEY_PREFIX_MAX, RECORD_MAX_BYTES, VALUE_PREFIX_MAX, DeadLetter
-from allmende.schemas.events import JobEvent, JobFinished, JobSubmitted, encode_event
+from allmende.schemas.events import JobEvent, JobFinished, JobSubmitted, JobUsageSample, encode_event
 from allmende.schemas.ledger import LedgerEntry, encode_entries
+from allmende.testing.declared_plan import plan_for
 from allmende.testing.harness import Pipeline, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
@@ -193,6 +197,40 @@ def _bad_events(
         event = pick()
         return event, Record(event.job_id.encode(), None, "no-value", "no value")
 
+    # Usage that cannot have happened: each a new job's submission, or a reading of a known job.
+    capacity = {c.cluster: c.gpus for c in plan_for(events) if isinstance(c, ClusterDeclared)}
+
+    def submitted_elsewhere(kind: str, reason: str, **change: object) -> tuple[JobEvent, Record]:
+        event = pick(JobSubmitted)
+        job_id = f"{event.job_id}-{kind}-{rng.randrange(10**9)}"
+        other = event.model_copy(update={"job_id": job_id, "event_id": f"{job_id}:submitted", **change})
+        return event, Record(job_id.encode(), encode_event(other), kind, reason)
+
+    def unknown_project() -> tuple[JobEvent, Record]:
+        return submitted_elsewhere("unknown-project", "which the plan does not declare", project="ghost-lab")
+
+    def unknown_cluster() -> tuple[JobEvent, Record]:
+        return submitted_elsewhere("unknown-cluster", "which the plan does not declare", cluster="nowhere")
+
+    def gpu_type() -> tuple[JobEvent, Record]:
+        return submitted_elsewhere("gpu-type", "asks for GPU type 'H900'", gpu_type="H900")
+
+    def over_capacity() -> tuple[JobEvent, Record]:
+        event = pick(JobUsageSample)
+        gpus = capacity[next(e.cluster for e in events if isinstance(e, JobSubmitted))] + 1
+        reading = event.model_copy(update={"event_id": f"{event.event_id}:over", "gpus_in_use": gpus})
+        return event, Record(
+            event.job_id.encode(), encode_event(reading), "over-capacity", f"reports {gpus} GPUs"
+        )
+
+    def future_instant() -> tuple[JobEvent, Record]:
+        event = pick(JobUsageSample)
+        later = int(time.time()) + 86_400
+        reading = event.model_copy(update={"event_id": f"{event.event_id}:later", "occurred_at": later})
+        return event, Record(
+            event.job_id.encode(), encode_event(reading), "future-instant", "after the meter's clock"
+        )
+
     return {
         f.__name__: f
         for f in (
@@ -204,6 +242,11 @@ def _bad_events(
             duplicate,
             key_not_job,
             tombstone,
+            unknown_project,
+            unknown_cluster,
+            gpu_type,
+            over_capacity,
+            future_instant,
         )
     }
 
@@ -228,7 +271,9 @@ def test_a_fuzzed_job_event_stream_meters_the_valid_events_and_dead_letters_each
 ) -> None:
     settings, store = pipeline.settings, pipeline.store
     rng = random.Random(SEED)
-    stream, valid = _fuzzed_events(rng, _jobs(elasticflow_tarball, limit=120))
+    jobs = _jobs(elasticflow_tarball, limit=120)
+    pipeline.declare(jobs)
+    stream, valid = _fuzzed_events(rng, jobs)
     meters: dict[str, JobMeter] = {}
     for event in valid:  # the ledger a replay of the valid events alone gives
         meters.setdefault(event.job_id, JobMeter(event.job_id)).apply(event)
@@ -238,7 +283,7 @@ def test_a_fuzzed_job_event_stream_meters_the_valid_events_and_dead_letters_each
     placed = _send(settings, settings.job_events_topic, stream)
 
     bad_at = [at for at, r in placed.items() if r.bad]
-    assert len(bad_at) == 8 * EACH_KIND
+    assert len(bad_at) == 13 * EACH_KIND
     assert len({partition for partition, _ in bad_at}) >= 3  # spread over the partitions
     assert max(len(r.value or b"") for r in stream) > OVERSIZED  # the issue's 900 KB record is in
     assert _wait_ledger(store, expected) == expected

@@ -65,6 +65,7 @@ def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
 ) -> None:
     settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10")
+    pipeline.declare(jobs)
     pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
     publish(producer, settings.job_events_topic, timeline(jobs, SAMPLE_EVERY_S))
@@ -83,6 +84,7 @@ def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
 ) -> None:
     settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10", limit=120)
+    pipeline.declare(jobs)
     events: list[JobEvent] = [e for j in jobs for e in job_events(j, SAMPLE_EVERY_S)] * 2
     random.Random(7).shuffle(events)
     pipeline.start_meter()
@@ -112,6 +114,7 @@ def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
 ) -> None:
     settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster01", limit=600)
+    pipeline.declare(jobs)
     expected = _expected_per_job(jobs)
     first = pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
@@ -134,6 +137,7 @@ def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
 def test_two_meter_workers_give_the_same_ledger_as_one(pipeline: Pipeline, elasticflow_tarball: Path) -> None:
     settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10")
+    pipeline.declare(jobs)
     pipeline.start_meter()
     pipeline.start_meter()
     producer = make_producer(settings.kafka_bootstrap_servers)
@@ -152,6 +156,7 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
 ) -> None:
     settings, store = pipeline.settings, pipeline.store
     job = _jobs(elasticflow_tarball, "cluster10", limit=1)[0]
+    pipeline.declare([job])
     events = list(job_events(job, SAMPLE_EVERY_S))
     contract_break = orjson.loads(encode_event(events[1]))
     contract_break["gpus"] = -3
