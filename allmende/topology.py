@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from allmende.core.clickhouse import Database
+from allmende.core.dead_letters import RefusedLetters
 from allmende.core.gc_pauses import freeze_long_lived
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
@@ -100,6 +101,7 @@ class Components:
     fairshare: FairShareCalculator | None = None
     admission: AdmissionService | None = None
     alerter: BurnAlerter | None = None
+    refused: RefusedLetters | None = None  # the dead-letter topic, followed for admins
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -136,11 +138,12 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     )  # fmt: skip
     dashboard = DashboardViews(
         admin, DashboardQueries(db), SquatRule.of(s.squat_max_utilization, s.squat_grace_s),
-        admission=admission, fairshare=fairshare,
+        admission=admission, fairshare=fairshare, overrun_grace_s=s.overrun_grace_s,
+        capacity_lookback_s=s.capacity_lookback_s,
     )  # fmt: skip
     alerter = None
     if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
-        alerter = BurnAlerter(s, dashboard.project_burns)
+        alerter = BurnAlerter(s, dashboard.project_burns, capacity=dashboard.over_capacity)
         await alerter.start()
     loops: list[Coroutine[Any, Any, None]] = [
         # Expire allocations whose period has ended; the events' ids make a repeat harmless.
@@ -155,7 +158,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
         writer=writer, fairshare=fairshare, admission=admission, alerter=alerter,
-        tasks=[asyncio.create_task(loop) for loop in loops],
+        refused=RefusedLetters(s), tasks=[asyncio.create_task(loop) for loop in loops],
     )  # fmt: skip
     log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
     freeze_long_lived()  # the replayed projections: out of every later full collection
@@ -173,6 +176,8 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         if writer is not None:
             await run_in_threadpool(writer.stop)
         await run_in_threadpool(admin_log.close)
+        if components.refused is not None:
+            await run_in_threadpool(components.refused.close)
 
 
 def run_writer(s: Settings) -> None:
@@ -201,6 +206,7 @@ def meter_env(settings: Settings) -> dict[str, str]:
         "ALLMENDE_TOPIC_PARTITIONS": str(settings.topic_partitions),
         "ALLMENDE_METER_APP_ID": settings.meter_app_id,
         "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
+        "ALLMENDE_CLOCK_SKEW_S": str(settings.clock_skew_s),
         "ALLMENDE_LOG_LEVEL": "INFO",
         "ALLMENDE_LOG_JSON": "false",
     }
@@ -245,6 +251,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "admin",
                 "dashboard",
                 "alerter",
+                "refused",
             ):
                 setattr(app.state, name, getattr(components, name))
             yield

@@ -54,9 +54,19 @@ class RunningJob:
     since: int  # admitted or started at (UTC Unix seconds): work lost grows with it
     hosts: tuple[str, ...] = ()
     interactive: bool = False
+    started: bool = False  # seen running (else admitted and due to start)
+    requested_seconds: int = 0  # the run time asked for (0: unknown)
     # Squatting: its GPUs idle since then, by its own readings, for longer than the grace period
     # (domain.squatting's rule, folded by AdmissionState); None while it works or nobody knows.
     idle_since: int | None = None
+
+    def overrun_s(self, now: int, grace_s: int) -> int | None:
+        """Seconds it has run past its request plus the grace, if it has: a wrong request or a
+        run that no longer ends, for its lead to look at; None when not (or its request is unknown)."""
+        if not self.started or self.requested_seconds <= 0:
+            return None
+        past = now - (self.since + self.requested_seconds + grace_s)
+        return past if past > 0 else None
 
     @property
     def squatting(self) -> bool:

@@ -70,6 +70,7 @@ class JobSeen:
     gpus: int = 0
     priority_class: str = "standard"
     interactive: bool = False
+    requested_seconds: int = 0  # the run time asked for (0: unknown)
     lane: Lane | None = None
     admitted_at: int | None = None
     started: bool = False
@@ -101,7 +102,8 @@ class JobSeen:
         return RunningJob(
             job_id=self.job_id, project=self.project, user=self.user, gpus=self.gpus,
             priority_class=self.priority_class, lane=self.lane, since=self.since, hosts=self.hosts,
-            interactive=self.interactive, idle_since=self.idle_since,
+            interactive=self.interactive, idle_since=self.idle_since, started=self.started,
+            requested_seconds=self.requested_seconds,
         )  # fmt: skip
 
 
@@ -113,6 +115,7 @@ _ADMIT_FIELDS = (
     "gpus",
     "priority_class",
     "interactive",
+    "requested_seconds",
     "lane",
     "admitted_at",
     "since",
@@ -208,6 +211,7 @@ class AdmissionState:
                     job.cluster, job.project, job.user = event.cluster, event.project, event.user
                     job.gpus, job.priority_class = event.gpus, event.priority_class
                     job.interactive, job.lane = event.interactive, Lane(event.lane) if event.lane else None
+                    job.requested_seconds = event.requested_seconds
                     job.admitted_at = event.occurred_at
                     job.since = job.since or event.occurred_at
                     self._reindex(job)
@@ -303,6 +307,7 @@ class AdmissionState:
                     job.cluster, job.project, job.user = event.cluster, event.project, event.user
                     job.gpus, job.priority_class = event.gpus, event.priority_class.value
                     job.interactive = event.interactive
+                job.requested_seconds = job.requested_seconds or event.requested_seconds
             case JobStarted():
                 if (event.occurred_at, _STARTED) > job.last:
                     job.last = (event.occurred_at, _STARTED)
@@ -337,6 +342,7 @@ class AdmissionState:
                 held.started, held.since, held.hosts = seen.started, seen.since or held.since, seen.hosts
                 held.finished, held.last = held.finished or seen.finished, max(held.last, seen.last)
                 held.gpus = seen.gpus or held.gpus
+                held.requested_seconds = held.requested_seconds or seen.requested_seconds
             if held is not None:
                 held.busy_read_at = max(held.busy_read_at, seen.busy_read_at)
                 held.low_read_at = max(held.low_read_at, seen.low_read_at)

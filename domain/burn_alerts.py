@@ -31,7 +31,7 @@ from fractions import Fraction
 
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate
-from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised
+from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, CapacityExceeded
 
 EARLY_EXHAUSTION = "early-exhaustion"
 BUDGET_SHARE = "budget-share:"
@@ -96,9 +96,16 @@ class BurnAlertState:
 
     raised: dict[ConditionKey, int] = field(default_factory=dict)
     cleared: dict[ConditionKey, int] = field(default_factory=dict)
+    capacity: set[tuple[str, int]] = field(default_factory=set)  # (cluster, start) of episodes raised
 
     def apply(self, event: AlertEvent) -> bool:
         """Fold one event; True when it changed the state (a duplicate does not)."""
+        if isinstance(event, CapacityExceeded):
+            episode = (event.cluster, event.start)
+            if episode in self.capacity:
+                return False
+            self.capacity.add(episode)
+            return True
         key = (event.project, event.period, event.condition)
         seen = self.raised if isinstance(event, BurnWarningRaised) else self.cleared
         if seen.get(key, 0) >= event.crossing:
@@ -115,7 +122,7 @@ class BurnAlertState:
         return self.raised.get(key, 0) > self.cleared.get(key, 0)
 
     def copy(self) -> BurnAlertState:
-        return BurnAlertState(dict(self.raised), dict(self.cleared))
+        return BurnAlertState(dict(self.raised), dict(self.cleared), set(self.capacity))
 
 
 def fold(events: Iterable[AlertEvent]) -> BurnAlertState:

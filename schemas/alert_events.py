@@ -1,4 +1,5 @@
-"""Alert events: burn warnings of a project's budget, raised and cleared once per crossing.
+"""Alert events: burn warnings of a project's budget, raised and cleared once per crossing; and a
+cluster that ran more GPUs than it has (`CapacityExceeded`, once per episode).
 
 They travel on `<prefix>.alerts` (one partition, kept forever: the burn alerter is its one writer
 and rebuilds from it at start which warnings are active), keyed by the condition
@@ -24,6 +25,7 @@ Units = Annotated[int, Field(ge=0, le=2**62, strict=True)]
 SignedUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]
 Condition = Annotated[str, Field(pattern=r"^(early-exhaustion|budget-share:[0-9]+(\.[0-9]+)?)$")]
 Crossing = Annotated[int, Field(ge=1, strict=True)]
+MAX_LISTED = 50  # jobs and projects named in one capacity alert
 
 
 class _AlertEnvelope(BaseModel):
@@ -73,8 +75,37 @@ class BurnWarningCleared(_AlertEnvelope):
     why: Literal["resolved", "unconfigured"] = "resolved"
 
 
-AlertEvent = Annotated[BurnWarningRaised | BurnWarningCleared, Field(discriminator="type")]
-ALERT_EVENT_TYPES: tuple[type[BaseModel], ...] = (BurnWarningRaised, BurnWarningCleared)
+class CapacityExceeded(BaseModel):
+    """A cluster ran more GPUs than it has during [start, end) (as far as the ledger showed when it
+    was raised): some of that usage was reported wrongly. Raised once per episode (its cluster and
+    start); `jobs` are the runs that pushed it over (the last to start), `projects` theirs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["CapacityExceeded"] = "CapacityExceeded"
+    event_id: Annotated[str, Field(min_length=1, max_length=400)]
+    schema_version: Literal[1] = 1
+    occurred_at: UnixSeconds
+    actor: Identifier = "capacity-watch"
+    cluster: Identifier
+    capacity_gpus: Annotated[int, Field(ge=0, strict=True)]
+    peak_gpus: Annotated[int, Field(ge=0, strict=True)]
+    start: UnixSeconds
+    end: UnixSeconds
+    jobs: Annotated[list[Annotated[str, Field(max_length=400)]], Field(max_length=MAX_LISTED)]
+    projects: Annotated[list[Identifier], Field(max_length=MAX_LISTED)]
+    message: Annotated[str, Field(min_length=1, max_length=2000)]
+
+    KEY: ClassVar[str] = "capacity/{cluster}"
+
+    @property
+    def key(self) -> str:
+        return self.KEY.format_map(self.__dict__)
+
+
+AlertEvent = Annotated[BurnWarningRaised | BurnWarningCleared | CapacityExceeded, Field(discriminator="type")]
+BurnWarning = BurnWarningRaised | BurnWarningCleared
+ALERT_EVENT_TYPES: tuple[type[BaseModel], ...] = (BurnWarningRaised, BurnWarningCleared, CapacityExceeded)
 _adapter: TypeAdapter[AlertEvent] = TypeAdapter(AlertEvent)
 
 

@@ -54,18 +54,28 @@ from allmende.core.metrics import (
     ALERTS,
     BURN_ALERT_ROUND_FAILURES,
     BURN_ALERTS_PUBLISHED,
+    CLUSTER_OVER_CAPACITY_GPUS,
     register,
 )
 from allmende.core.settings import Settings
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
-from allmende.schemas.alert_events import AlertEvent, BurnWarningRaised, encode_alert_event, parse_alert_event
+from allmende.domain.capacity import Episode, RunOnCluster, capacity_alerts
+from allmende.schemas.alert_events import (
+    AlertEvent,
+    BurnWarningRaised,
+    CapacityExceeded,
+    encode_alert_event,
+    parse_alert_event,
+)
 from allmende.schemas.events import ContractError
 from allmende.services.project_metrics import ProjectMetrics
 
 log = structlog.get_logger(__name__)
 
 Source = Callable[[], Sequence[ProjectBurn]]
+# Clusters run above their capacity, each with the runs on it then (services/capacity_queries.py).
+CapacitySource = Callable[[], Sequence[tuple[Episode, Sequence[RunOnCluster]]]]
 
 WEBHOOK_TIMEOUT_S = 5.0
 WEBHOOK_ATTEMPTS = 4
@@ -78,17 +88,26 @@ def webhook_urls(settings: Settings) -> list[str]:
 
 def slack_body(event: AlertEvent) -> dict[str, Any]:
     """A Slack-compatible incoming-webhook body: `text` (the sentence) and two blocks."""
+    if isinstance(event, CapacityExceeded):
+        figures = (
+            f"`{event.cluster}` · {event.peak_gpus} GPUs in use of {event.capacity_gpus} · "
+            f"projects: {', '.join(event.projects) or 'none'}"
+        )
+        return _body(":rotating_light:", event.message, figures)
     raised = isinstance(event, BurnWarningRaised)
     figures = (
         f"`{event.project}` · {event.period} · {event.condition} · allocated "
         f"{gpu_hours(event.allocated_units)}, charged {gpu_hours(event.charged_units)}, held "
         f"{gpu_hours(event.held_units)}, remaining {gpu_hours(event.remaining_units)} weighted GPU-hours"
     )
-    mark = ":warning:" if raised else ":white_check_mark:"
+    return _body(":warning:" if raised else ":white_check_mark:", event.message, figures)
+
+
+def _body(mark: str, message: str, figures: str) -> dict[str, Any]:
     return {
-        "text": event.message,
+        "text": message,
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{mark} {event.message}"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"{mark} {message}"}},
             {"type": "context", "elements": [{"type": "mrkdwn", "text": figures}]},
         ],
     }
@@ -102,6 +121,7 @@ class BurnAlerter:
         settings: Settings,
         source: Source,
         *,
+        capacity: CapacitySource | None = None,
         clock: Callable[[], float] = time.time,
         metrics: ProjectMetrics | None = None,
         webhook_attempts: int = WEBHOOK_ATTEMPTS,
@@ -111,6 +131,9 @@ class BurnAlerter:
         register(ALERTS)
         self.settings = settings
         self.source = source
+        self.capacity = capacity
+        self._gauged: set[str] = set()  # clusters whose over-capacity gauge was ever set
+        self.over_capacity: list[tuple[Episode, Sequence[RunOnCluster]]] = []  # as of the last round
         self.clock = clock
         self.thresholds = Thresholds.parse(
             settings.burn_warning_days_early, settings.burn_warning_budget_shares
@@ -218,21 +241,43 @@ class BurnAlerter:
             self._catch_up()
             burns = list(self.source())
             self.metrics.update(burns)
-            events = evaluate(burns, self.thresholds, self.state, int(self.clock()))
+            now = int(self.clock())
+            events: list[AlertEvent] = list(evaluate(burns, self.thresholds, self.state, now))
+            if self.capacity is not None:
+                found = list(self.capacity())
+                self._gauge_capacity(found)
+                self.over_capacity = found
+                events += capacity_alerts(found, self.state.capacity, now)
             if not events:
                 return []
             self._publish(events)
             for event in events:
                 self.state.apply(event)
                 BURN_ALERTS_PUBLISHED.labels(event.type).inc()
-                log.info(
-                    "burn_warning", type=event.type, event_id=event.event_id, project=event.project,
-                    period=event.period, condition=event.condition, message=event.message,
-                )  # fmt: skip
+                if isinstance(event, CapacityExceeded):
+                    log.warning(
+                        "capacity_exceeded", event_id=event.event_id, cluster=event.cluster,
+                        peak_gpus=event.peak_gpus, capacity_gpus=event.capacity_gpus, jobs=event.jobs,
+                    )  # fmt: skip
+                else:
+                    log.info(
+                        "burn_warning", type=event.type, event_id=event.event_id, project=event.project,
+                        period=event.period, condition=event.condition, message=event.message,
+                    )  # fmt: skip
             for event in events:
                 for url in self.webhook_urls:
                     self._post(url, event)
             return events
+
+    def _gauge_capacity(self, found: Sequence[tuple[Episode, Sequence[RunOnCluster]]]) -> None:
+        worst: dict[str, int] = {}
+        for episode, _ in found:
+            worst[episode.cluster] = max(worst.get(episode.cluster, 0), episode.excess)
+        for cluster in set(self._gauged) - set(worst):
+            CLUSTER_OVER_CAPACITY_GPUS.labels(cluster).set(0)
+        for cluster, excess in worst.items():
+            CLUSTER_OVER_CAPACITY_GPUS.labels(cluster).set(excess)
+        self._gauged |= set(worst)
 
     # -- webhooks ------------------------------------------------------------------------------
     def _post(self, url: str, event: AlertEvent) -> bool:

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,3 +141,53 @@ def select(
         and (not stages or item.letter.stage in stages)
         and (not offsets or item.offset in offsets)
     ]
+
+
+class RefusedLetters:
+    """The dead-letter topic followed for the API: counts per (stage, code) and the newest letters.
+
+    Bounded whatever the topic holds: the counts have one entry per kind of refusal, the letters
+    are the newest KEEP (the whole topic stays readable with `allmende dead-letters list`).
+    """
+
+    KEEP = 500
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._tp = TopicPartition(settings.dead_letter_topic, 0)
+        self._consumer: KafkaConsumer | None = None
+        self._reading = threading.Lock()  # one follow at a time
+        self._data = threading.Lock()  # the figures, read while a follow adds to them
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._latest: deque[Letter] = deque(maxlen=self.KEEP)
+        self._read_at: float | None = None  # monotonic time the topic's end was last reached
+
+    def follow(self, timeout: float = 10.0) -> None:
+        """Read what was added since the last follow (Kafka away: raises, the figures stay)."""
+        with self._reading:
+            if self._consumer is None:
+                self._consumer, _ = replaying_consumer(self._settings.kafka_bootstrap_servers, [self._tp])
+            read_to_end(self._consumer, self._tp, self._keep, timeout)
+            self._read_at = time.monotonic()
+
+    def _keep(self, record: Any) -> None:
+        try:
+            letter = DeadLetter.model_validate_json(record.value)
+        except ValueError:
+            return  # a record that is no letter
+        with self._data:
+            self._counts[(letter.stage, letter.code or "unexpected")] += 1
+            self._latest.append(Letter(record.offset, letter))
+
+    def snapshot(self) -> tuple[dict[tuple[str, str], int], list[Letter], float | None]:
+        """Counts, the newest letters (newest first) and seconds since the topic's end was reached
+        (None: never)."""
+        with self._data:
+            age = None if self._read_at is None else time.monotonic() - self._read_at
+            return dict(self._counts), list(reversed(self._latest)), age
+
+    def close(self) -> None:
+        with self._reading:
+            if self._consumer is not None:
+                self._consumer.close(autocommit=False)
+                self._consumer = None

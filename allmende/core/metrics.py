@@ -103,6 +103,11 @@ GROUP_COMMIT_CALLERS = _histogram(
 
 # The burn alerter's rounds and webhooks: updated by allmende.services.burn_alerts.
 BURN_ALERTS_PUBLISHED = _counter("allmende_burn_alerts_published_total", "Burn warnings published", ["type"])
+CLUSTER_OVER_CAPACITY_GPUS = _gauge(
+    "allmende_cluster_over_capacity_gpus",
+    "GPUs in use above the cluster's capacity at the worst instant of the alerter's look-back (0: none)",
+    ["cluster"],
+)
 BURN_ALERT_ROUND_FAILURES = _counter("allmende_burn_alert_round_failures_total", "Alert rounds that failed")
 ALERT_WEBHOOK_POSTS = _counter("allmende_alert_webhook_posts_total", "Alert webhook posts delivered")
 ALERT_WEBHOOK_FAILURES = _counter(
@@ -152,7 +157,10 @@ ADMIN_LOG = (ADMIN_EVENTS_APPLIED, ADMIN_EVENTS_REFUSED)
 FAIRSHARE = (FAIRSHARE_SNAPSHOTS, FAIRSHARE_FACTOR, FAIRSHARE_LAG_RECORDS)
 ADMISSION = (ADMISSION_DECISIONS, ADMISSION_DECIDE_SECONDS)
 GROUP_COMMIT = (GROUP_COMMIT_SECONDS, GROUP_COMMIT_CALLERS)
-ALERTS = (BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES)
+ALERTS = (
+    BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES,
+    CLUSTER_OVER_CAPACITY_GPUS,
+)  # fmt: skip
 PROJECT = (
     PROJECT_ALLOCATED_GPU_HOURS, PROJECT_CHARGED_GPU_HOURS, PROJECT_HELD_GPU_HOURS,
     PROJECT_REMAINING_GPU_HOURS, PROJECT_FORECAST_DAYS_LEFT, PROJECT_LASTS_PERIOD,

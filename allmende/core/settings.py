@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     # ledger keeps the pieces under that apart for it (`low_pieces`).
     squat_max_utilization: float = Field(default=0.05, ge=0.0, le=0.25)
     squat_grace_s: int = Field(default=1800, ge=0)
+    # A running job past its requested run time by more than this is flagged "overran" on its
+    # project's page (charged all the same: the GPUs were held).
+    overrun_grace_s: int = Field(default=900, ge=0)
+    # How far back from the ledger's clock the alerter looks for clusters run above their capacity.
+    capacity_lookback_s: int = Field(default=7 * 86_400, ge=3600)
     # ... and its GPUs go first to a job that needs them (a preemption victim whatever its class,
     # after jobs on unhealthy hosts; never a time-slice or interactive job): domain/preemption.py.
     squat_reclaim: bool = True

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from allmende.core.settings import Settings
 
+FICTIONAL_FUTURE_S = 5 * 366 * 86_400
+
 
 def tagged_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path, prefix: str = "t") -> Settings:
     tag = f"{prefix}{uuid.uuid4().hex[:10]}"
@@ -25,5 +27,8 @@ def tagged_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path, prefix: 
         # A loaded test machine may take longer than the 250 ms default to acknowledge a write;
         # the outage tests set the default back to show that bound.
         write_timeout_ms=3000,
+        # Many tests' fictional instants lie in 2027 (a quarter ahead of any real clock); the
+        # meter's check against its wall clock is tested where the default is set back.
+        clock_skew_s=FICTIONAL_FUTURE_S,
         log_json=False,
     )

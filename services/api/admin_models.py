@@ -235,3 +235,59 @@ class RejectionBody(BaseModel):
     code: str
     conflicting: list[str] = []
     problems: list[dict[str, Any]] = []
+
+
+class RefusedKind(BaseModel):
+    stage: str = Field(description="who refused: meter, ledger-writer, admin-log")
+    code: str = Field(description="what kind of refusal: contract, conflict, unknown-project, "
+                      "unknown-cluster, gpu-type, over-capacity, future-instant, unexpected")  # fmt: skip
+    count: int
+    redrivable: bool = Field(description="an admin mends it by declaring what the plan lacks, then re-drives")
+
+
+class RefusedLetterOut(BaseModel):
+    offset: int = Field(
+        description="the letter's offset on the dead-letter topic (`allmende dead-letters redrive --offset`)"
+    )
+    stage: str
+    code: str
+    reason: str
+    key: str | None = Field(description="the refused record's key (a job id), as text")
+    source: str = Field(description="topic/partition@offset of the refused record")
+    refused_at: dt.datetime
+
+
+class RefusedOut(BaseModel):
+    kinds: list[RefusedKind] = Field(
+        description="every refusal since the topic began, counted per stage and code"
+    )
+    letters: list[RefusedLetterOut] = Field(description="the newest refusals, newest first")
+    age_s: float | None = Field(description="seconds since the dead-letter topic was last read to its end "
+                                "(null: not yet: Kafka away since the API started)")  # fmt: skip
+
+
+class RunOut(BaseModel):
+    job_id: str
+    project: str
+    started_at: dt.datetime = Field(description="its first piece in the ledger")
+    gpus: int = Field(description="the most GPUs it used during the episode")
+
+
+class EpisodeOut(BaseModel):
+    cluster: str
+    capacity_gpus: int
+    peak_gpus: int
+    excess_gpus: int
+    start: dt.datetime
+    end: dt.datetime
+    pushed_over: list[RunOut] = Field(
+        description="the runs that pushed it over: the last to start, until their GPUs cover the excess"
+    )
+    runs: list[RunOut] = Field(description="every run on the cluster during the episode")
+
+
+class OverCapacityOut(BaseModel):
+    since: dt.datetime = Field(
+        description="the look-back's start (ALLMENDE_CAPACITY_LOOKBACK_S before the ledger's clock)"
+    )
+    episodes: list[EpisodeOut] = Field(description="newest first, at most 20")

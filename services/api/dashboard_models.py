@@ -115,6 +115,11 @@ class RunningRow(BaseModel):
     lane: str | None
     since: str | None
     hosts: str
+    requested_s: int | None = Field(description="the run time the job asked for, in seconds (null: unknown)")
+    overrun_s: int | None = Field(
+        description="seconds it has run past its request plus ALLMENDE_OVERRUN_GRACE_S (null: it has not)"
+    )
+    overran: bool = Field(description="it has run past its request plus the grace")
 
 
 class RunningOut(BaseModel):

@@ -18,9 +18,11 @@ from fastapi import HTTPException
 
 from allmende.core.ledger_store import DayUsage
 from allmende.domain.admin_state import AdminState, agreement_of
+from allmende.domain.admission_model import RunningJob
 from allmende.domain.balances import ProjectBalance
 from allmende.domain.burn_alerts import ProjectBurn
 from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate, DayCharge, Forecast, burn_rate
+from allmende.domain.capacity import Episode, RunOnCluster
 from allmende.domain.squatting import SquatRule, find_squatting
 from allmende.domain.timeslices import occurrences
 from allmende.services.admin_service import AdminService
@@ -28,6 +30,7 @@ from allmende.services.api import dashboard_models as m
 from allmende.services.api.access import readable_projects
 from allmende.services.api.auth import Principal
 from allmende.services.api.dashboard_models import gpu_hours, idle_hours, instant, percent, units_to_hours
+from allmende.services.capacity_queries import CapacityQueries
 from allmende.services.dashboard_queries import DashboardQueries
 
 if TYPE_CHECKING:
@@ -83,8 +86,13 @@ class DashboardViews:
         squat_rule: SquatRule,
         admission: AdmissionService | None = None,
         fairshare: FairShareCalculator | None = None,
+        overrun_grace_s: int = 900,
+        capacity_lookback_s: int = 7 * 86_400,
     ) -> None:
         self.admin = admin
+        self.overrun_grace_s = overrun_grace_s
+        self.capacity = CapacityQueries(queries.db)
+        self.capacity_lookback_s = capacity_lookback_s
         self.queries = queries
         self.squat_rule = squat_rule
         self.admission = admission
@@ -104,6 +112,11 @@ class DashboardViews:
         it trails now by the pipeline's lag; for a replayed trace it is the trace's "now"."""
         clock = self.admin.store.charge_horizon()
         return min(clock, self.admin.now()) if clock > 0 else self.admin.now()
+
+    def over_capacity(self) -> list[tuple[Episode, list[RunOnCluster]]]:
+        """Clusters run above their declared capacity in the look-back before the ledger's clock."""
+        capacity = {name: c.gpus for name, c in self.state().clusters.items()}
+        return self.capacity.found(capacity, self.ledger_clock() - self.capacity_lookback_s)
 
     def period(self, state: AdminState, name: str | None, as_of: int | None) -> Period:
         known = periods_of(state)
@@ -174,21 +187,10 @@ class DashboardViews:
 
     def running(self, project: str) -> m.RunningOut:
         jobs = self.admission.running_jobs(project) if self.admission is not None else []
+        now = self.admission.now() if self.admission is not None else 0
         return m.RunningOut(
             project=project,
-            rows=[
-                m.RunningRow(
-                    job_id=j.job_id,
-                    user=j.user,
-                    cluster=cluster,
-                    gpus=j.gpus,
-                    priority_class=j.priority_class,
-                    lane=j.lane.value if j.lane is not None else None,
-                    since=instant(j.since) if j.since else None,
-                    hosts=" ".join(j.hosts),
-                )
-                for cluster, j in jobs
-            ],
+            rows=[_running_row(cluster, j, j.overrun_s(now, self.overrun_grace_s)) for cluster, j in jobs],
         )
 
     def holds(self, project: str) -> m.HoldsOut:
@@ -374,6 +376,22 @@ class DashboardViews:
                 )
                 day += dt.timedelta(days=1)
         return m.ClusterUtilizationOut(**period.meta(), rows=rows)
+
+
+def _running_row(cluster: str, j: RunningJob, overrun_s: int | None) -> m.RunningRow:
+    return m.RunningRow(
+        job_id=j.job_id,
+        user=j.user,
+        cluster=cluster,
+        gpus=j.gpus,
+        priority_class=j.priority_class,
+        lane=j.lane.value if j.lane is not None else None,
+        since=instant(j.since) if j.since else None,
+        hosts=" ".join(j.hosts),
+        requested_s=j.requested_seconds or None,
+        overrun_s=overrun_s,
+        overran=overrun_s is not None,
+    )
 
 
 def _idle_in(days: Sequence[DayUsage], period: Period) -> dict[str, int]:

@@ -6,17 +6,24 @@ a retry safe: the same key gives the same event id, answered as `unchanged` the 
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import datetime as dt
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated, TypedDict
 
-from fastapi import APIRouter, Header, HTTPException, Path
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
+from allmende.core.dead_letters import Letter, RefusedLetters
 from allmende.domain.admin_state import AdminRejected, Overbooked
 from allmende.domain.allocations import default_allocation_id, period_label, quarter_bounds
+from allmende.domain.capacity import Episode, RunOnCluster, pushed_over
 from allmende.domain.plan import PlanConflict
 from allmende.domain.plan_file import PlanInvalid, rates_in_hundredths
+from allmende.domain.usage_checks import PLAN_FIXABLE
 from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
@@ -37,20 +44,27 @@ from allmende.services.api.admin_models import (
     ClusterOut,
     ClusterRequest,
     CommandResult,
+    EpisodeOut,
     EventOut,
     GrantRequest,
     NodeOut,
     NodeRequest,
     OrganisationOut,
+    OverCapacityOut,
     PlanRequest,
     PlanResult,
     PolicyRequest,
+    RefusedKind,
+    RefusedLetterOut,
+    RefusedOut,
     RejectionBody,
     RevokeRequest,
+    RunOut,
     TransferRequest,
     hours_to_units,
 )
 from allmende.services.api.auth import Admin, Reader
+from allmende.services.api.dashboard_views import DashboardViews
 from allmende.services.api.deps import Admins
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -341,3 +355,91 @@ async def organisation(caller: Reader, service: Admins) -> OrganisationOut:
         agreements=[EventOut.of(a) for _, a in agreements],
         revoked_agreements=sorted(k for k in state.revoked if everything or k in dict(agreements)),
     )  # fmt: skip
+
+
+@router.get(
+    "/refused",
+    response_model=RefusedOut,
+    responses=ERRORS,
+    summary="Usage and commands refused, per kind, and the newest refusals with their reasons",
+    description="Read from the dead-letter topic (the newest 500 letters; every count). A kind an "
+    "admin mends by declaring what the plan lacks (an unknown project or cluster, a GPU type, a "
+    "cluster's size) is re-driven afterwards with `allmende dead-letters redrive --code CODE`. "
+    "Kafka away: the figures last read, with their age.",
+)
+async def refused(
+    admin: Admin,
+    request: Request,
+    code: Annotated[str | None, Query(max_length=64, description="only letters of this code")] = None,
+    limit: Annotated[int, Query(ge=1, le=RefusedLetters.KEEP)] = 100,
+) -> RefusedOut:
+    letters_follower: RefusedLetters = request.app.state.refused
+    with contextlib.suppress(Exception):  # Kafka away: answer from the last read, saying how old
+        await run_in_threadpool(letters_follower.follow, 2.0)
+    counts, latest, age = letters_follower.snapshot()
+    return RefusedOut(
+        kinds=[
+            RefusedKind(stage=stage, code=c, count=n, redrivable=stage == "meter" and c in PLAN_FIXABLE)
+            for (stage, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
+        letters=[_letter_out(item) for item in latest if code is None or item.letter.code == code][:limit],
+        age_s=age,
+    )
+
+
+def _letter_out(item: Letter) -> RefusedLetterOut:
+    letter = item.letter
+    key = None if letter.key_b64 is None else base64.b64decode(letter.key_b64).decode("utf-8", "replace")
+    return RefusedLetterOut(
+        offset=item.offset,
+        stage=letter.stage,
+        code=letter.code or "unexpected",
+        reason=letter.reason,
+        key=key,
+        source=f"{letter.source_topic}/{letter.source_partition}@{letter.source_offset}",
+        refused_at=_utc(letter.refused_at),
+    )
+
+
+@router.get(
+    "/over-capacity",
+    response_model=OverCapacityOut,
+    responses=ERRORS,
+    summary="Clusters that ran more GPUs than they have, and the runs that pushed them over",
+    description="From the ledger's pieces over the look-back (ALLMENDE_CAPACITY_LOOKBACK_S, 7 days, "
+    "before the ledger's clock). Such usage was reported wrongly (twice, or by a broken producer); "
+    "it is charged as reported, and the alerter raises each episode once (`CapacityExceeded` on "
+    "the alerts topic and the webhooks, `allmende_cluster_over_capacity_gpus`).",
+)
+async def over_capacity(admin: Admin, request: Request) -> OverCapacityOut:
+    views: DashboardViews = request.app.state.dashboard
+
+    def read() -> OverCapacityOut:
+        since = views.ledger_clock() - views.capacity_lookback_s
+        return OverCapacityOut(
+            since=_utc(since),
+            episodes=[_episode_out(e, runs) for e, runs in views.over_capacity()],
+        )
+
+    return await run_in_threadpool(read)
+
+
+def _episode_out(e: Episode, runs: Sequence[RunOnCluster]) -> EpisodeOut:
+    return EpisodeOut(
+        cluster=e.cluster,
+        capacity_gpus=e.capacity,
+        peak_gpus=e.peak,
+        excess_gpus=e.excess,
+        start=_utc(e.start),
+        end=_utc(e.end),
+        pushed_over=[_run_out(r) for r in pushed_over(e, runs)],
+        runs=[_run_out(r) for r in runs],
+    )
+
+
+def _run_out(run: RunOnCluster) -> RunOut:
+    return RunOut(job_id=run.job_id, project=run.project, started_at=_utc(run.started_at), gpus=run.gpus)
+
+
+def _utc(at: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(at, dt.UTC)

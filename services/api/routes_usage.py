@@ -22,6 +22,20 @@ MAX_RANGE_DAYS = 3_700  # ten years: a bound on every query
 ProjectName = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
 
 
+def _default_range(
+    span: tuple[dt.date, dt.date], first: dt.date | None, last: dt.date | None
+) -> tuple[dt.date, dt.date]:
+    """The range asked for, with what is missing filled in from the recorded days, and never
+    longer than MAX_RANGE_DAYS: the default range answers whatever one bad event recorded (the
+    newest days shown); only a range the caller spelled out whole can be refused as too long."""
+    longest = dt.timedelta(days=MAX_RANGE_DAYS)
+    if last is None:
+        last = span[1] if first is None else min(span[1], first + longest)
+    if first is None:
+        first = max(span[0], last - longest)
+    return first, last
+
+
 def _usage(
     service: AdminService,
     caller: Principal,
@@ -35,8 +49,7 @@ def _usage(
     require_project(service.state(), caller, project, has_usage=span is not None)
     if span is None:
         raise HTTPException(404, f"no usage has been recorded for project {project!r}")
-    first = first or span[0]
-    last = last or span[1]
+    first, last = _default_range(span, first, last)
     if last < first:
         raise HTTPException(422, f"'to' ({last}) is before 'from' ({first})")
     if (last - first).days > MAX_RANGE_DAYS:

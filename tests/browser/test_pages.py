@@ -73,6 +73,11 @@ def test_both_pages_load_without_console_errors(platform: Platform, signed_in: S
         assert visit.errors == [], name
         assert visit.page.evaluate("document.body.dataset.error") is None, name
     assert visits["alice's home"].page.url.endswith("/ui/projects/ef-cluster01")
+    # Refusals and over-capacity are the admins' cards: the demo plan holds its trace, nothing refused.
+    overview = visits["admin overview"].page
+    assert overview.locator("#over-capacity .empty").inner_text() == "No cluster ran more GPUs than it has."
+    assert overview.locator("#refused .empty").inner_text() == "Nothing refused."
+    assert visits["alice's overview"].page.locator("#refused, #over-capacity").count() == 0
     project = visits["admin ef-cluster10"].page
     assert project.locator("#holds-note").is_visible()
     assert project.locator("#holds-note").inner_text() == "Holds count as spent for the forecast."
@@ -80,6 +85,7 @@ def test_both_pages_load_without_console_errors(platform: Platform, signed_in: S
     assert project.locator("#timeslices tbody tr").count() > 0
     assert project.locator("#holds tbody tr").count() == 2  # the admitted jobs
     assert project.locator("#running tbody tr").count() == 2
+    assert "Overran" in project.locator("#running thead").inner_text()
     assert project.locator("#period").input_value() == "2021-Q2"
     # Readable on a laptop: nothing wider than the 1366 px viewport.
     assert project.evaluate("document.documentElement.scrollWidth") <= 1366

@@ -212,6 +212,8 @@ REQUESTS: dict[str, Request] = {
     "POST /v1/admin/plan/diff": _post("/v1/admin/plan/diff", {"text": PLAN}),
     "POST /v1/admin/plan/apply": _post("/v1/admin/plan/apply", {"text": PLAN}),
     "GET /v1/admin/organisation": _get("/v1/admin/organisation"),
+    "GET /v1/admin/refused": _get("/v1/admin/refused"),
+    "GET /v1/admin/over-capacity": _get("/v1/admin/over-capacity"),
     "GET /v1/fairshare": _get("/v1/fairshare"),
     "GET /v1/dashboard/periods": _get("/v1/dashboard/periods"),
     "GET /v1/dashboard/projects": _get("/v1/dashboard/projects"),

@@ -55,6 +55,12 @@ class Record:
     reason: str = ""  # what its dead letter's reason must say
 
 
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The meter's own clock skew (the shared fixture widens it for fictional 2027 instants)."""
+    return settings.model_copy(update={"clock_skew_s": Settings.model_fields["clock_skew_s"].default})
+
+
 def _send(settings: Settings, topic: str, records: list[Record]) -> dict[tuple[int, int], Record]:
     """Send in order (idempotent producer: the order holds per partition); where each landed."""
     producer = KafkaProducer(

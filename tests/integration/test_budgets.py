@@ -353,6 +353,9 @@ def test_usage_of_a_project_without_a_budget_is_shown_as_over_budget(
 ) -> None:
     with running_api(settings, NOW) as (api, _):
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        # Declared in the tree (the meter refuses a project the plan does not know), never granted.
+        node = {"node_id": "stealth", "kind": "project", "parent": "institute", "shares": 1}
+        ok(api.post("/v1/admin/nodes", json=node, headers=ADMIN))
         _meter_all(settings, _run("job-x", "stealth", start=NOW - 3600, end=NOW), tmp_path / "logs",
                    api.app.state.store)  # type: ignore[attr-defined]  # fmt: skip
         balance = ok(api.get("/v1/projects/stealth/balance", headers=ADMIN))
@@ -362,7 +365,7 @@ def test_usage_of_a_project_without_a_budget_is_shown_as_over_budget(
             == balance["unallocated_units"]
             == 4 * 3600 * CHARGE_UNITS_PER_GPU_SECOND
         )
-        assert api.get("/v1/projects/stealth/balance", headers=ALICE).status_code == 404
+        assert api.get("/v1/projects/stealth/balance", headers=ALICE).status_code == 403  # not her project
         assert api.get("/v1/projects/nobody/balance", headers=ADMIN).status_code == 404
 
 

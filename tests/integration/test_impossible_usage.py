@@ -10,6 +10,7 @@ exactly as if it had come on time.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from allmende.core.replay import timeline
 from allmende.core.trace_files import read_trace
 from allmende.domain.traces import TraceFormat
 from allmende.domain.usage_checks import UNKNOWN_CLUSTER
+from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, ok, running_api
 from allmende.testing.declared_plan import declare
 from allmende.testing.harness import Pipeline, send_events, wait_until
 
@@ -72,3 +74,25 @@ def test_a_job_on_an_undeclared_cluster_is_refused_then_charged_exactly_once_red
     assert len(read_letters(settings)) == 2  # nothing refused once the plan declared it
     listed = runner.invoke(app, ["dead-letters", "list", "--json"])
     assert listed.exit_code == 0 and listed.output.count(UNKNOWN_CLUSTER) >= 2, listed.output
+
+    # Admins see the refusals per kind, with the job and the reason; nobody else does.
+    reading = settings.model_copy(
+        update={
+            "writer_enabled": False,
+            "fairshare_enabled": False,
+            "admission_enabled": False,
+            "alerts_enabled": False,
+        }
+    )
+    with running_api(reading, int(time.time())) as (api, _):
+        shown = ok(api.get("/v1/admin/refused", headers=ADMIN))
+        assert shown["kinds"] == [{"stage": "meter", "code": UNKNOWN_CLUSTER, "count": 2, "redrivable": True}]
+        assert [(r["key"], r["code"], r["offset"]) for r in shown["letters"]][-1] == (
+            late.job_id,
+            UNKNOWN_CLUSTER,
+            refused.offset,
+        )
+        assert all(LATE_CLUSTER in r["reason"] for r in shown["letters"]) and shown["age_s"] < 60
+        assert ok(api.get("/v1/admin/refused", params={"code": "gpu-type"}, headers=ADMIN))["letters"] == []
+        for caller in (ALICE, SCHEDULER):
+            assert api.get("/v1/admin/refused", headers=caller).status_code == 403

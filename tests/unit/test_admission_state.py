@@ -168,3 +168,15 @@ def test_a_voided_decision_leaves_the_state_as_if_it_had_never_come(seen_before:
     )  # no start deadline of the voided admit left behind
     # The same events, decided afresh, count as if for the first time.
     assert all(before.apply(e) for e in events) and before.held({}) == {"x": 15}
+
+
+def test_a_running_job_past_its_request_and_the_grace_has_overran() -> None:
+    state = AdmissionState()
+    state.apply(decided("a"))  # asks for 3600 s
+    [admitted] = state.load_on("c1", T + 10, DEADLINE).jobs
+    assert admitted.requested_seconds == 3600 and admitted.overrun_s(T + 10 * 3600, 0) is None  # not started
+    state.observe(started("a", T + 60))
+    [running] = state.load_on("c1", T + 100, DEADLINE).jobs
+    grace = 900
+    assert running.overrun_s(T + 60 + 3600 + grace, grace) is None  # at the limit: not yet
+    assert running.overrun_s(T + 60 + 3600 + grace + 7, grace) == 7

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from allmende.core.trace_files import read_trace
+from allmende.domain.capacity import peak_in_use
 from allmende.domain.metering import JobMeter
 from allmende.domain.plan_file import parse_plan
 from allmende.domain.simulation.baseline import BaselineConfig, BaselinePolicy, protected_by_shares
@@ -130,7 +131,7 @@ def test_the_example_plan_gives_clusters_shares_and_protected_gpus() -> None:
     clusters = clusters_from_plan(plan)
     assert [(c.name, c.gpus, c.gpu_type) for c in clusters] == [
         ("ef-cluster01", 384, "V100"),
-        ("ef-cluster02", 256, "V100"),
+        ("ef-cluster02", 384, "V100"),
         ("ef-cluster10", 128, "V100"),
     ]
     shares = project_shares(plan)
@@ -138,6 +139,24 @@ def test_the_example_plan_gives_clusters_shares_and_protected_gpus() -> None:
     protected = protected_by_shares({c.name: c.gpus for c in clusters}, shares, percent=50)
     assert protected[("ef-cluster01", "ef-cluster01")] == 384 * 50 * 50 // (100 * 130)
     assert all(sum(n for (c, _), n in protected.items() if c == cl.name) <= cl.gpus // 2 for cl in clusters)
+
+
+@pytest.mark.skipif(not ELASTICFLOW.exists(), reason="needs ../shared/data/traces")
+def test_the_example_plan_holds_what_its_trace_runs_at_once() -> None:
+    """The replay starts each job at its submission; no cluster may then run more GPUs than the
+    plan declares (the meter would take that for impossible usage)."""
+    declared = {c.name: c for c in clusters_from_plan(parse_plan(PLAN.read_text()))}
+    runs: dict[str, list[tuple[int, int, int]]] = {name: [] for name in declared}
+    for job in read_trace(ELASTICFLOW, TraceFormat.ELASTICFLOW):
+        if job.cluster in runs:
+            assert job.gpu_type == declared[job.cluster].gpu_type
+            runs[job.cluster].append((job.start_at, job.start_at + job.duration_s, job.gpus))
+    peaks = {name: peak_in_use(r) for name, r in runs.items()}
+    assert all(runs.values()), "every declared cluster has a trace file"
+    assert peaks["ef-cluster02"] > 256, "the trace's own peak, which the plan once did not hold"
+    for name, peak in peaks.items():
+        gpus = declared[name].gpus
+        assert peak <= gpus, f"{name} runs {peak} GPUs at once, the plan declares {gpus}"
 
 
 @pytest.mark.skipif(not ELASTICFLOW.exists(), reason="needs ../shared/data/traces")

@@ -225,6 +225,7 @@
       { key: "lane", label: "Lane" },
       { key: "since", label: "Since", kind: "instant" },
       { key: "hosts", label: "Hosts" },
+      { key: "overran", label: "Overran", kind: "bool" },
     ], { ...NO_PERIOD, empty: "No job of this project holds GPUs now." }),
     table("holds", `${base}/holds`, [
       { key: "job_id", label: "Job" },
