@@ -28,9 +28,9 @@ import faust
 import structlog
 from aiokafka.errors import KafkaTimeoutError
 from faust.exceptions import ProducerSendError
-from faust.types import EventT, RecordMetadata
+from faust.types import TP, EventT, RecordMetadata
 
-from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, register
+from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, METER_LAG_RECORDS, register
 from allmende.core.settings import Settings
 from allmende.domain.admin_state import AdminState
 from allmende.domain.metering import JobMeter, MeteringRejected
@@ -389,6 +389,22 @@ def create_app(settings: Settings) -> faust.App:
                     out.send(ledger_entries_topic, key, value)
             METER_EVENTS.inc(len(items))
         await out.delivered()
+        note_lag(batch)
+
+    def note_lag(batch: list[EventT[bytes]]) -> None:
+        """Per partition, the events after the batch's last (the consumer's latest high-water mark):
+        how far behind the worker is, from its own /metrics, which answer while Kafka does not."""
+        last: dict[TP, int] = {}
+        for event in batch:
+            tp = event.message.tp
+            last[tp] = max(last.get(tp, -1), event.message.offset)
+        for tp, offset in last.items():
+            try:  # a figure, never a reason to fail the batch (a rebalance may have taken the partition)
+                high = app.consumer.highwater(tp)
+            except Exception:
+                continue
+            if high is not None:
+                METER_LAG_RECORDS.labels(str(tp.partition)).set(max(0, high - offset - 1))
 
     ledger_entries_topic = ledger_entries.get_topic_name()
     dead_letters_topic = settings.dead_letter_topic

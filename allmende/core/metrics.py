@@ -52,6 +52,11 @@ GC_PAUSE_SECONDS = _histogram(
 # The metering worker: updated by allmende.streams.meter.
 METER_EVENTS = _counter("allmende_meter_events_total", "Job events metered")
 METER_DEAD_LETTERS = _counter("allmende_meter_dead_letters_total", "Job events sent to dead letter")
+METER_LAG_RECORDS = _gauge(
+    "allmende_meter_lag_records",
+    "Job events on the partition after the last one this worker metered (as of its last batch)",
+    ["partition"],
+)
 
 # The ledger writer: updated by allmende.streams.ledger_writer.
 WRITER_ENTRIES_READ = _counter("allmende_writer_entries_read_total", "Ledger-entry records consumed")
@@ -148,7 +153,7 @@ PROJECT_IDLE_GPU_HOURS = _gauge(
 
 # Each component's group, registered when the component is built.
 GC = (GC_PAUSE_SECONDS,)
-METER = (METER_EVENTS, METER_DEAD_LETTERS)
+METER = (METER_EVENTS, METER_DEAD_LETTERS, METER_LAG_RECORDS)
 WRITER = (
     WRITER_ENTRIES_READ, WRITER_POSTINGS_WRITTEN, WRITER_ENTRIES_STALE, WRITER_DEAD_LETTERS,
     WRITER_BATCH_SECONDS, WRITER_LAG_RECORDS,

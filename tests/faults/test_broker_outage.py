@@ -8,13 +8,12 @@ The broker is the test's own (stopped and started again on the same data), not t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from allmende.core.kafka_local import LocalBroker, free_port
+from allmende.core.kafka_local import LocalBroker
 from allmende.core.settings import Settings
 from allmende.testing.budget_harness import ADMIN, SCHEDULER, ok, plan_text, running_api
 from allmende.testing.harness import wait_until
@@ -31,16 +30,6 @@ EXTRA = PLAN.replace("  - {id: broke, parent: institute, kind: project, shares: 
 def _job(job_id: str, gpus: int) -> dict[str, Any]:
     return {"job_id": job_id, "project": "vision", "user": "ada", "cluster": "h100-a", "gpu_type": "H100",
             "gpus": gpus, "requested_hours": 1}  # fmt: skip
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    own = LocalBroker(tmp_path / "kafka", port=free_port(), controller_port=free_port())
-    own.start()
-    try:
-        yield own
-    finally:
-        own.stop()
 
 
 def _timed(call: Any) -> tuple[Any, float]:

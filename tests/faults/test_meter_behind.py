@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_local import LocalBroker, free_port
@@ -39,16 +40,6 @@ from tests.integration.test_pipeline import (
 pytestmark = pytest.mark.integration
 CLUSTER = "cluster01"  # 1,595 jobs, about 38,000 events: seconds of work for the meter
 DOWN_S = 10.0
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    own = LocalBroker(tmp_path / "kafka", port=free_port(), controller_port=free_port())
-    own.start()
-    try:
-        yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture
@@ -89,8 +80,10 @@ def test_the_broker_stopped_with_the_meter_behind_and_started_again_leaves_the_l
     broker.stop()
     stopped = time.monotonic()
     at_stop, metered = store.total_gpu_seconds(), _metered(worker.metrics_port)
+    behind = _lag(worker.metrics_port)
     assert 0 < at_stop < want, f"not partway: {at_stop} of {want} GPU-s"
     assert metered < events, f"the meter was not behind: {metered} of {events} events metered"
+    assert sum(behind.values()) > 0, f"its lag metric did not say so: {behind}"
     time.sleep(max(0.0, DOWN_S - (time.monotonic() - stopped)))
     assert store.total_gpu_seconds() < want  # nothing reaches the ledger while the broker is away
     assert not worker.died(), worker.log_tail()
@@ -107,6 +100,7 @@ def test_the_broker_stopped_with_the_meter_behind_and_started_again_leaves_the_l
     _assert_idle_exact(store, jobs)
     assert not worker.died(), worker.log_tail()  # carried on by itself: never restarted
     assert len(pipeline.meters) == 1 and pipeline.writer.last_error is None
+    wait_until(lambda: set(_lag(worker.metrics_port).values()) == {0}, 30, "the lag metric at 0")
     print(
         f"\n{events} events, {len(jobs)} jobs, {want} GPU-s. At the stop: {metered} events metered,"
         f" {at_stop / want:.0%} of the GPU-s in the ledger; stop took {stopped - stopping:.1f} s, down"
@@ -115,8 +109,17 @@ def test_the_broker_stopped_with_the_meter_behind_and_started_again_leaves_the_l
     )
 
 
-def _metered(port: int) -> int:
-    """Job events the worker has metered, from its own /metrics (served without Kafka)."""
+def _samples(port: int, name: str) -> list[Sample]:
+    """The worker's own /metrics (served without Kafka): the samples of one metric."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    samples = (s for f in text_string_to_metric_families(text) for s in f.samples)
-    return int(sum(s.value for s in samples if s.name == "allmende_meter_events_total"))
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def _metered(port: int) -> int:
+    """Job events the worker has metered."""
+    return int(sum(s.value for s in _samples(port, "allmende_meter_events_total")))
+
+
+def _lag(port: int) -> dict[str, int]:
+    """Per partition, the events after the last one the worker metered."""
+    return {s.labels["partition"]: int(s.value) for s in _samples(port, "allmende_meter_lag_records")}

@@ -82,7 +82,18 @@
     (box.querySelector(".body") || box).replaceChildren(p);
     document.body.dataset.error = "true";
   };
-  A.setCsv = (section, path, extra) => {
+  // One card's load: the page is ready once every card's work has ended; a failure shows in the card.
+  A.loading = async (name, section, work) => {
+    A.expect(`table:${name}`);
+    try {
+      await work();
+    } catch (error) {
+      A.fail(section, error);
+    } finally {
+      A.done(`table:${name}`);
+    }
+  };
+    A.setCsv = (section, path, extra) => {
     const link = A.$(`${section} a.csv`);
     if (link) link.href = A.csvUrl(path, extra);
   };

@@ -92,63 +92,45 @@
     }
   }
 
-  // Admins only (the card is not on a lead's page): what was refused, per kind, then the newest.
-  async function refused() {
-    if (!A.$("#refused")) return;
-    A.expect("table:refused");
-    try {
-      const body = await A.getJSON("/v1/admin/refused", { period: null, limit: 20 });
-      const box = A.$("#refused .body");
-      box.replaceChildren();
-      const kinds = document.createElement("div");
-      const letters = document.createElement("div");
-      box.append(kinds, letters);
-      A.table(kinds, body.kinds, [
+  // Admins only (the cards are not on a lead's page): what was refused, per kind, then the newest.
+  const refused = () => A.$("#refused") && A.loading("refused", "#refused", async () => {
+    const body = await A.getJSON("/v1/admin/refused", { period: null, limit: 20 });
+    const kinds = document.createElement("div");
+    const letters = document.createElement("div");
+    A.$("#refused .body").replaceChildren(kinds, letters);
+    A.table(kinds, body.kinds, [
+      { key: "code", label: "Kind", kind: "text" },
+      { key: "stage", label: "Refused by", kind: "text" },
+      { key: "count", label: "Refused", kind: "int" },
+      { key: "redrivable", label: "Re-drivable", kind: "bool" },
+    ], { empty: "Nothing refused." });
+    if (body.letters.length) {
+      A.table(letters, body.letters, [
+        { key: "refused_at", label: "When", kind: "instant" },
         { key: "code", label: "Kind", kind: "text" },
-        { key: "stage", label: "Refused by", kind: "text" },
-        { key: "count", label: "Refused", kind: "int" },
-        { key: "redrivable", label: "Re-drivable", kind: "bool" },
-      ], { empty: "Nothing refused." });
-      if (body.letters.length) {
-        A.table(letters, body.letters, [
-          { key: "refused_at", label: "When", kind: "instant" },
-          { key: "code", label: "Kind", kind: "text" },
-          { key: "key", label: "Job", kind: "text" },
-          { key: "reason", label: "Reason", kind: "text" },
-          { key: "offset", label: "Letter", kind: "int" },
-        ], {});
-      }
-    } catch (error) {
-      A.fail("#refused", error);
-    } finally {
-      A.done("table:refused");
+        { key: "key", label: "Job", kind: "text" },
+        { key: "reason", label: "Reason", kind: "text" },
+        { key: "offset", label: "Letter", kind: "int" },
+      ], {});
     }
-  }
+  });
 
   // Admins only: clusters that ran more GPUs than they have, a line per episode.
-  async function overCapacity() {
-    if (!A.$("#over-capacity")) return;
-    A.expect("table:over-capacity");
-    try {
-      const body = await A.getJSON("/v1/admin/over-capacity", { period: null });
-      const rows = body.episodes.map((e) => ({
-        ...e,
-        pushers: e.pushed_over.map((r) => `${r.job_id} (${r.project}, ${r.gpus} GPUs)`).join(", "),
-      }));
-      A.table("#over-capacity .body", rows, [
-        { key: "cluster", label: "Cluster", kind: "text" },
-        { key: "start", label: "From", kind: "instant" },
-        { key: "end", label: "To", kind: "instant" },
-        { key: "peak_gpus", label: "GPUs in use", kind: "int" },
-        { key: "capacity_gpus", label: "Capacity", kind: "int" },
-        { key: "pushers", label: "Pushed over by", kind: "text" },
-      ], { empty: "No cluster ran more GPUs than it has." });
-    } catch (error) {
-      A.fail("#over-capacity", error);
-    } finally {
-      A.done("table:over-capacity");
-    }
-  }
+  const overCapacity = () => A.$("#over-capacity") && A.loading("over-capacity", "#over-capacity", async () => {
+    const body = await A.getJSON("/v1/admin/over-capacity", { period: null });
+    const rows = body.episodes.map((e) => ({
+      ...e,
+      pushers: e.pushed_over.map((r) => `${r.job_id} (${r.project}, ${r.gpus} GPUs)`).join(", "),
+    }));
+    A.table("#over-capacity .body", rows, [
+      { key: "cluster", label: "Cluster", kind: "text" },
+      { key: "start", label: "From", kind: "instant" },
+      { key: "end", label: "To", kind: "instant" },
+      { key: "peak_gpus", label: "GPUs in use", kind: "int" },
+      { key: "capacity_gpus", label: "Capacity", kind: "int" },
+      { key: "pushers", label: "Pushed over by", kind: "text" },
+    ], { empty: "No cluster ran more GPUs than it has." });
+  });
 
   A.periodPicker();
   Promise.all([projects(), utilization(), fairshare(), overCapacity(), refused()]).finally(A.start);

@@ -193,19 +193,14 @@
     }
   }
 
-  async function table(name, path, columns, opts = {}) {
+  function table(name, path, columns, opts = {}) {
     const id = `#${name}`;
-    A.expect(`table:${name}`);
     A.setCsv(id, path, opts.params);
-    try {
+    return A.loading(name, id, async () => {
       const body = await A.getJSON(path, opts.params);
       if (opts.meta) opts.meta(body);
       A.table(`${id} .body`, body.rows, columns, { sortable: true, empty: opts.empty });
-    } catch (error) {
-      A.fail(id, error);
-    } finally {
-      A.done(`table:${name}`);
-    }
+    });
   }
 
   const NO_PERIOD = { params: { period: null } };
