@@ -132,6 +132,10 @@ class BurnAlerter:
         self.settings = settings
         self.source = source
         self.capacity = capacity
+        # Published by this alerter but not yet posted: a publication that failed may have reached
+        # the topic all the same, and the next round then finds it there instead of emitting it
+        # again; it is posted when folded (what another alerter published it posts itself).
+        self._unposted: dict[str, AlertEvent] = {}
         self._gauged: set[str] = set()  # clusters whose over-capacity gauge was ever set
         self.over_capacity: list[tuple[Episode, Sequence[RunOnCluster]]] = []  # as of the last round
         self.clock = clock
@@ -217,9 +221,14 @@ class BurnAlerter:
 
     def _fold(self, record: Any) -> None:
         try:
-            self.state.apply(parse_alert_event(record.value))
+            event = parse_alert_event(record.value)
         except ContractError as exc:
             log.error("alert_event_unreadable", offset=record.offset, reason=exc.reason)
+            return
+        self.state.apply(event)
+        mine = self._unposted.pop(event.event_id, None)
+        if mine is not None:
+            self._post_all(mine)
 
     def _publish(self, events: Sequence[AlertEvent], timeout: float = 30.0) -> None:
         if self._producer is None:
@@ -250,8 +259,10 @@ class BurnAlerter:
                 events += capacity_alerts(found, self.state.capacity, now)
             if not events:
                 return []
+            self._unposted.update((e.event_id, e) for e in events)
             self._publish(events)
             for event in events:
+                self._unposted.pop(event.event_id, None)
                 self.state.apply(event)
                 BURN_ALERTS_PUBLISHED.labels(event.type).inc()
                 if isinstance(event, CapacityExceeded):
@@ -265,9 +276,12 @@ class BurnAlerter:
                         period=event.period, condition=event.condition, message=event.message,
                     )  # fmt: skip
             for event in events:
-                for url in self.webhook_urls:
-                    self._post(url, event)
+                self._post_all(event)
             return events
+
+    def _post_all(self, event: AlertEvent) -> None:
+        for url in self.webhook_urls:
+            self._post(url, event)
 
     def _gauge_capacity(self, found: Sequence[tuple[Episode, Sequence[RunOnCluster]]]) -> None:
         worst: dict[str, int] = {}

@@ -218,6 +218,9 @@ class LedgerWriter:
 
     def run(self, stop: threading.Event) -> None:
         s = self.settings
+        # A batch whose INSERT failed may have landed all the same (a ClickHouse server that wrote
+        # the part, then the answer was lost): the ledger, not this cache, says what is posted.
+        self._cache.clear()
         report = self.store.reconcile()
         log.info("ledger_reconciled", **asdict(report))
         if self.admin_log is None:

@@ -273,3 +273,32 @@ def test_the_running_api_warns_from_the_ledger_once_and_its_gauges_are_the_burn_
     with running_api(s, Q1_2027 + 2 * DAY) as (api, _):  # restarted: the warnings are not sent again
         assert api.app.state.alerter.check_once() == []  # type: ignore[attr-defined]
     assert len(on_topic(s)) == 2 and len(webhook.bodies) == 2
+
+
+class PublishedButFailed(BurnAlerter):
+    """Its first publication reaches the topic, then fails as if the acknowledgement were lost."""
+
+    failed = False
+
+    def _publish(self, events: Sequence[AlertEvent], timeout: float = 30.0) -> None:
+        super()._publish(events, timeout)
+        if not self.failed:
+            self.failed = True
+            raise TimeoutError("the acknowledgement was lost")
+
+
+def test_a_warning_published_by_a_round_that_failed_is_still_posted_once(
+    alerts_settings: Settings, webhook: Webhook
+) -> None:
+    s = alerts_settings.model_copy(update={"alert_webhook_urls": webhook.url})
+    alerter = PublishedButFailed(s, Source(ProjectBurn(s.topic_prefix, "2027-Q1", FAST, 0)))
+    try:
+        with pytest.raises(TimeoutError):
+            alerter.check_once()
+        assert webhook.bodies == []
+        assert alerter.check_once() == []  # found on the topic: not published again...
+        assert alerter.check_once() == []
+    finally:
+        alerter.close()
+    [event] = on_topic(s)
+    assert webhook.bodies == [orjson.loads(orjson.dumps(slack_body(event)))]  # ...but posted, once
