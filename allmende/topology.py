@@ -143,7 +143,9 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     )  # fmt: skip
     alerter = None
     if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
-        alerter = BurnAlerter(s, dashboard.project_burns, capacity=dashboard.over_capacity)
+        alerter = BurnAlerter(
+            s, dashboard.project_burns, capacity=dashboard.over_capacity, dispute=admin.dispute_over_capacity
+        )
         await alerter.start()
     loops: list[Coroutine[Any, Any, None]] = [
         # Expire allocations whose period has ended; the events' ids make a repeat harmless.

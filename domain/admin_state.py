@@ -32,9 +32,11 @@ from allmende.schemas.admin_events import (
     AllocationGranted,
     AllocationTransferred,
     ClusterDeclared,
+    DisputeResolved,
     FixedWindowSpec,
     NodeDeclared,
     PolicyChanged,
+    UsageDisputed,
     WindowSpec,
 )
 
@@ -131,6 +133,29 @@ def first_overbooking(
 ChargedUnits = Callable[[Allocation], int]
 
 
+@dataclass(frozen=True, slots=True)
+class Dispute:
+    """A job's disputed usage and its resolution. Its stage only grows (0 none, 1 disputed,
+    2 charged, 3 dropped), so the meter's revision of the job's entries grows with it."""
+
+    raised: UsageDisputed
+    resolved: DisputeResolved | None = None
+
+    @property
+    def stage(self) -> int:
+        if self.resolved is None:
+            return DISPUTED
+        return CHARGED if self.resolved.action == "charge" else DROPPED
+
+    @property
+    def withheld(self) -> bool:
+        """Charged to no project: disputed and not (yet) resolved to charge."""
+        return self.stage != CHARGED
+
+
+NOT_DISPUTED, DISPUTED, CHARGED, DROPPED = 0, 1, 2, 3
+
+
 @dataclass
 class AdminState:
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -139,6 +164,8 @@ class AdminState:
     allocations: dict[str, Allocation] = field(default_factory=dict)
     agreements: dict[str, AgreementGranted] = field(default_factory=dict)
     revoked: dict[str, AgreementRevoked] = field(default_factory=dict)
+    # Disputed usage per job: raised, and how it was resolved (None: not yet).
+    disputes: dict[str, Dispute] = field(default_factory=dict)
     history: list[AdminEvent] = field(default_factory=list)
     by_id: dict[str, AdminEvent] = field(default_factory=dict)  # every event applied, by id
     # Built from `agreements` on first use after a change: admission asks on every request.
@@ -212,6 +239,13 @@ class AdminState:
             case AgreementRevoked():
                 self.revoked[event.agreement_id] = event
                 self._active = None
+            case UsageDisputed():
+                # Disputed once: after an admin's decision the job is not disputed again.
+                self.disputes.setdefault(event.job_id, Dispute(event))
+            case DisputeResolved():
+                held = self.disputes.get(event.job_id)
+                if held is not None and held.resolved is None:
+                    self.disputes[event.job_id] = Dispute(held.raised, event)
 
     @classmethod
     def of(cls, events: Iterable[AdminEvent]) -> AdminState:
@@ -275,6 +309,9 @@ class AdminState:
                     return e.agreement_id in agreements
                 case PolicyChanged():
                     return True  # a price change touches everybody's balance
+                case UsageDisputed() | DisputeResolved():
+                    held = self.disputes.get(e.job_id)
+                    return held is not None and held.raised.project == project
             return False
 
         return [e for e in self.history if touches(e)]
@@ -349,6 +386,18 @@ class AdminState:
             case AgreementRevoked():
                 if event.agreement_id not in self.agreements or event.agreement_id in self.revoked:
                     raise UnknownReference(f"no active agreement {event.agreement_id!r}")
+            case UsageDisputed():
+                if event.job_id in self.disputes:
+                    raise Conflict(f"job {event.job_id} is disputed already")
+            case DisputeResolved():
+                dispute = self.disputes.get(event.job_id)
+                if dispute is None:
+                    raise UnknownReference(f"no disputed usage of job {event.job_id!r}")
+                if dispute.resolved is not None:
+                    raise Conflict(
+                        f"the dispute of job {event.job_id} was resolved ({dispute.resolved.action}) "
+                        f"by {dispute.resolved.actor}"
+                    )
 
     def _open_allocation(self, allocation_id: str) -> Allocation:
         a = self.allocations.get(allocation_id)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+from allmende.schemas.admin_events import UsageDisputed
 from allmende.schemas.alert_events import MAX_LISTED, CapacityExceeded
 
 
@@ -49,6 +50,8 @@ class Episode:
     start: int
     end: int
     peak: int
+    # It began at or before the look-back's start: `start` is only where the look-back cut it.
+    clipped: bool = False
 
     @property
     def excess(self) -> int:
@@ -96,11 +99,15 @@ def capacity_alerts(
     found: Sequence[tuple[Episode, Sequence[RunOnCluster]]], raised: AbstractSet[tuple[str, int]], now: int
 ) -> list[CapacityExceeded]:
     """One alert per episode not raised before (its cluster and start), naming the runs that
-    pushed the cluster over."""
+    pushed the cluster over. An episode the look-back cut is not raised again for a cluster that
+    has had an alert: its start moves with the look-back, so it would look new every round."""
     alerts: list[CapacityExceeded] = []
+    alerted = {cluster for cluster, _ in raised}
     for episode, runs in found:
         if (episode.cluster, episode.start) in raised:
             continue
+        if episode.clipped and episode.cluster in alerted:
+            continue  # most likely one raised when it began, seen through a look-back that moved on
         pushers = pushed_over(episode, runs)[:MAX_LISTED]
         projects = sorted({r.project for r in pushers if r.project})[:MAX_LISTED]
         alerts.append(
@@ -129,3 +136,30 @@ def capacity_message(episode: Episode, pushers: Sequence[RunOnCluster]) -> str:
         f"Cluster {episode.cluster} ran {episode.peak} GPUs of its {episode.capacity} from {start} UTC "
         f"for {minutes} min: some usage was reported wrongly. Latest to start: {named}{more}."
     )[:2000]
+
+
+def usage_disputes(
+    found: Sequence[tuple[Episode, Sequence[RunOnCluster]]], disputed: Collection[str], now: int
+) -> list[UsageDisputed]:
+    """Admin events that hold as disputed the usage of each run that pushed a cluster over and
+    is not disputed yet (nor was: a resolved dispute is an admin's decision, not raised again)."""
+    events: dict[str, UsageDisputed] = {}
+    for episode, runs in found:
+        for run in pushed_over(episode, runs):
+            if not run.project or run.job_id in disputed or run.job_id in events:
+                continue
+            events[run.job_id] = UsageDisputed(
+                event_id=f"dispute:{run.job_id}:raised",
+                occurred_at=now,
+                actor="capacity-watch",
+                source="alerter",
+                reason=capacity_message(episode, [run]),
+                job_id=run.job_id,
+                project=run.project,
+                cluster=episode.cluster,
+                episode_start=episode.start,
+                episode_end=episode.end,
+                peak_gpus=episode.peak,
+                capacity_gpus=episode.capacity,
+            )
+    return list(events.values())

@@ -13,11 +13,14 @@ its predecessor to itself and depends on nothing else:
 - any span that begins at a preemption or finish is idle: nothing runs between runs.
 
 Inserting a late boundary only moves predecessors later, never earlier, so an entry's content is
-a function of (its boundary, its predecessor, whether the job's JobSubmitted is known), and its
-revision key (`version`, `pred_event_id`) orders exactly those, growing whenever the content may
-change (`version` holds the predecessor's time, rank and a 24-bit hash; the predecessor's event id
-settles the rare hash tie). The writer keeps the largest revision of each entry: duplicates,
-reordering and redelivery converge to the ledger that in-order delivery gives.
+a function of (its boundary, its predecessor, the dispute stage of the job's usage, whether the
+job's JobSubmitted is known), and its revision key (`version`, `pred_event_id`) orders exactly
+those, growing whenever the content may change (`version` holds the predecessor's time, rank and
+a 24-bit hash, then the dispute stage, which only grows, then the submission bit; the
+predecessor's event id settles the rare hash tie). A disputed job's entries are unattributed
+(charged to no project) until an admin resolves the dispute to charge it. The writer keeps the
+largest revision of each entry: duplicates, reordering and redelivery converge to the ledger that
+in-order delivery gives.
 
 A JobPreempted or JobFinished that carries `started_at` adds the run's start as a boundary of its
 own, so a lost JobStarted costs nothing.
@@ -32,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from allmende.domain.admin_state import DISPUTED, DROPPED, NOT_DISPUTED
 from allmende.schemas.events import (
     JobEvent,
     JobFinished,
@@ -53,6 +57,7 @@ _GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the subm
 # written before utilisation was kept has 5 elements (read as busy).
 Boundary = list[Any]
 BUSY_BP = 10_000  # utilisation of a span without a reading
+WITHHELD = (DISPUTED, DROPPED)  # dispute stages whose usage is charged to no project
 _Attribution = tuple[str, str, str, str, str, bool]
 _UNATTRIBUTED: _Attribution = (UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, False)
 
@@ -115,16 +120,23 @@ class JobMeter:
     job_id: str
     submitted: dict[str, Any] | None = None
     boundaries: list[Boundary] = field(default_factory=list)
+    # Where the job's disputed usage stands (domain.admin_state.Dispute.stage) as its entries were
+    # last emitted: the meter sets it from the admin log and re-emits every entry when it changes.
+    dispute_stage: int = NOT_DISPUTED
 
     # -- persistence ---------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"j": self.job_id, "s": self.submitted, "b": self.boundaries})
+        state: dict[str, Any] = {"j": self.job_id, "s": self.submitted, "b": self.boundaries}
+        if self.dispute_stage:
+            state["d"] = self.dispute_stage
+        return orjson.dumps(state)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> JobMeter:
         data = orjson.loads(raw)
         boundaries = [b if len(b) >= 6 else [*b, BUSY_BP] for b in data["b"]]
-        return cls(job_id=data["j"], submitted=data["s"], boundaries=boundaries)
+        stage = data.get("d", NOT_DISPUTED)
+        return cls(job_id=data["j"], submitted=data["s"], boundaries=boundaries, dispute_stage=stage)
 
     # -- commands -----------------------------------------------------------------------------
     def apply(self, event: JobEvent) -> list[LedgerEntry]:
@@ -184,6 +196,14 @@ class JobMeter:
         # Attribution (and the GPU count of recovered starts) changes every entry of the job.
         return self.entries()
 
+    def dispute(self, stage: int) -> list[LedgerEntry]:
+        """Take the dispute stage the admin log gives; every entry again when it changed (their
+        attribution and revision change with it), else none."""
+        if stage == self.dispute_stage:
+            return []
+        self.dispute_stage = stage
+        return self.entries()
+
     # -- queries ------------------------------------------------------------------------------
     def entries(self) -> list[LedgerEntry]:
         attribution = self._attribution()
@@ -192,7 +212,7 @@ class JobMeter:
     def _attribution(self) -> _Attribution:
         """(project, user, cluster, gpu_type, priority_class, interactive) of every entry now."""
         sub = self.submitted
-        if not sub:
+        if not sub or self.dispute_stage in WITHHELD:
             return _UNATTRIBUTED
         return (
             sub.get("project", UNATTRIBUTED),
@@ -240,7 +260,7 @@ class JobMeter:
         return new_entry(
             entry_id=entry_id_for(self.job_id, event_id),
             job_id=self.job_id,
-            version=(pred_key << 1) | attributed,
+            version=(pred_key << 3) | (self.dispute_stage << 1) | attributed,
             pred_event_id=pred_event_id,
             interval_start=start,
             interval_end=time,

@@ -10,28 +10,31 @@ is fixed (`allmende dead-letters redrive`), and metering is order-free, so the j
 exactly as if the event had come on time.
 
 The plan as it is now, not as of the event's instant: a replay of last year's trace against this
-quarter's plan is the common case, and the plan's declarations only grow (a cluster never shrinks
-below what it holds, nodes are never removed), so a check that passes once passes on every replay.
+quarter's plan is the common case. What a check compares with only grows (projects and clusters
+are never removed, and GPU counts are the most a cluster was ever declared with), so a check that
+passes once passes on every replay. Each check reads the event alone, never what the meter knows
+of the job, so the outcome does not depend on the order events come in.
 
-Checks (each event on its own; what only the sum of events shows, GPUs in use above a cluster's
-capacity across jobs, is not checked here):
+Checks (each event on its own; what needs more than one event, a run's GPUs against its own
+cluster's size and the sum of runs on a cluster, is found in the ledger by the alerter and held
+as disputed usage: domain/capacity.py):
 - `future-instant`: an event's instant beyond the wall clock
   plus the allowed skew; a replay of the past is unaffected;
 - `unknown-project`, `unknown-cluster`: a submission to a project or cluster the plan does not
   declare;
 - `gpu-type`: a submission of a GPU type its cluster does not have;
-- `over-capacity`: GPUs (asked, started or in use) the job's cluster does not have; before the
-  job's submission is known, more than the largest declared cluster has.
+- `over-capacity`: a submission asking for more GPUs than its cluster has; a start or a reading of
+  more GPUs than the largest cluster has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from allmende.domain.admin_state import AdminState
+from allmende.domain.admin_state import NOT_DISPUTED, AdminState
 from allmende.domain.organisation import Cluster
+from allmende.schemas.admin_events import ClusterDeclared
 from allmende.schemas.events import JobEvent, JobStarted, JobSubmitted, JobUsageSample
 
 FUTURE_INSTANT = "future-instant"
@@ -57,23 +60,30 @@ class PlanView:
 
     projects: frozenset[str]
     clusters: Mapping[str, Cluster]
-    largest: int  # GPUs of the largest cluster (0: none declared)
+    largest: int  # the most GPUs any cluster was ever declared with (0: none declared)
+    disputes: Mapping[str, int] = field(default_factory=dict)  # job id -> Dispute.stage
 
     @classmethod
     def of(cls, state: AdminState) -> PlanView:
-        clusters = dict(state.clusters)
+        # A cluster's most GPUs ever declared: a shrink does not refuse what it once held.
+        peaks: dict[str, int] = {}
+        for event in state.history:
+            if isinstance(event, ClusterDeclared):
+                peaks[event.cluster] = max(peaks.get(event.cluster, 0), event.gpus)
+        clusters = {name: replace(c, gpus=peaks.get(name, c.gpus)) for name, c in state.clusters.items()}
         return cls(
             projects=frozenset(state.projects()),
             clusters=clusters,
             largest=max((c.gpus for c in clusters.values()), default=0),
+            disputes={job_id: d.stage for job_id, d in state.disputes.items()},
         )
 
+    def dispute_stage(self, job_id: str) -> int:
+        return self.disputes.get(job_id, NOT_DISPUTED)
 
-def check_event(
-    event: JobEvent, plan: PlanView, submitted: Mapping[str, Any] | None, now: int, skew_s: int
-) -> None:
-    """Raise ImpossibleUsage unless `event` may be metered. `submitted`: the job's accepted
-    submission as the meter keeps it (project, cluster, ...), None before it is known."""
+
+def check_event(event: JobEvent, plan: PlanView, now: int, skew_s: int) -> None:
+    """Raise ImpossibleUsage unless `event` may be metered (the event alone: order-free)."""
     # A run end's `started_at` is never after its `occurred_at` (the contract): one instant to check.
     if event.occurred_at > now + skew_s:
         raise ImpossibleUsage(
@@ -91,17 +101,7 @@ def check_event(
         if isinstance(event, JobUsageSample)
         else 0
     )
-    if not gpus:
-        return
-    cluster = plan.clusters.get(str(submitted["cluster"])) if submitted else None
-    if cluster is not None:
-        if gpus > cluster.gpus:
-            raise ImpossibleUsage(
-                OVER_CAPACITY,
-                f"{event.type} of job {event.job_id} reports {gpus} GPUs on cluster {cluster.cluster},"
-                f" which has {cluster.gpus}",
-            )
-    elif gpus > plan.largest:
+    if gpus > plan.largest:
         raise ImpossibleUsage(
             OVER_CAPACITY,
             f"{event.type} of job {event.job_id} reports {gpus} GPUs, more than any declared cluster has"

@@ -178,6 +178,34 @@ class AgreementRevoked(_AdminEnvelope):
     KEY: ClassVar[str] = "agreement:{agreement_id}"
 
 
+class UsageDisputed(_AdminEnvelope):
+    """A job's usage is held as disputed: its cluster ran more GPUs than it has while the job ran,
+    and the job was among the runs that pushed it over (the last to start). Until an admin resolves
+    it the meter charges the job to no project (its entries are unattributed)."""
+
+    type: Literal["UsageDisputed"] = "UsageDisputed"
+    job_id: Identifier
+    project: Identifier  # the job's project, as the ledger showed it
+    cluster: Identifier
+    episode_start: UnixSeconds
+    episode_end: UnixSeconds
+    peak_gpus: Annotated[int, Field(ge=0, strict=True)]
+    capacity_gpus: Annotated[int, Field(ge=0, strict=True)]
+
+    KEY: ClassVar[str] = "dispute:{job_id}"
+
+
+class DisputeResolved(_AdminEnvelope):
+    """An admin's decision on disputed usage: `charge` (the job is charged to its project again)
+    or `drop` (it stays charged to no project)."""
+
+    type: Literal["DisputeResolved"] = "DisputeResolved"
+    job_id: Identifier
+    action: Literal["charge", "drop"]
+
+    KEY: ClassVar[str] = "dispute:{job_id}"
+
+
 AdminEvent = Annotated[
     NodeDeclared
     | ClusterDeclared
@@ -187,7 +215,9 @@ AdminEvent = Annotated[
     | AllocationTransferred
     | AllocationExpired
     | AgreementGranted
-    | AgreementRevoked,
+    | AgreementRevoked
+    | UsageDisputed
+    | DisputeResolved,
     Field(discriminator="type"),
 ]
 ADMIN_EVENT_TYPES: tuple[type[BaseModel], ...] = (
@@ -200,6 +230,8 @@ ADMIN_EVENT_TYPES: tuple[type[BaseModel], ...] = (
     AllocationExpired,
     AgreementGranted,
     AgreementRevoked,
+    UsageDisputed,
+    DisputeResolved,
 )
 _admin_event_adapter: TypeAdapter[AdminEvent] = TypeAdapter(AdminEvent)
 

@@ -122,6 +122,7 @@ class BurnAlerter:
         source: Source,
         *,
         capacity: CapacitySource | None = None,
+        dispute: Callable[[Sequence[tuple[Episode, Sequence[RunOnCluster]]]], object] | None = None,
         clock: Callable[[], float] = time.time,
         metrics: ProjectMetrics | None = None,
         webhook_attempts: int = WEBHOOK_ATTEMPTS,
@@ -132,6 +133,8 @@ class BurnAlerter:
         self.settings = settings
         self.source = source
         self.capacity = capacity
+        self.dispute = dispute  # holds the runs that pushed a cluster over as disputed usage
+        self.capacity_error: str | None = None  # the last capacity round's failure, if it failed
         # Published by this alerter but not yet posted: a publication that failed may have reached
         # the topic all the same, and the next round then finds it there instead of emitting it
         # again; it is posted when folded (what another alerter published it posts itself).
@@ -253,10 +256,7 @@ class BurnAlerter:
             now = int(self.clock())
             events: list[AlertEvent] = list(evaluate(burns, self.thresholds, self.state, now))
             if self.capacity is not None:
-                found = list(self.capacity())
-                self._gauge_capacity(found)
-                self.over_capacity = found
-                events += capacity_alerts(found, self.state.capacity, now)
+                events += self._capacity_round(now)
             if not events:
                 return []
             self._unposted.update((e.event_id, e) for e in events)
@@ -282,6 +282,22 @@ class BurnAlerter:
     def _post_all(self, event: AlertEvent) -> None:
         for url in self.webhook_urls:
             self._post(url, event)
+
+    def _capacity_round(self, now: int) -> list[AlertEvent]:
+        """Clusters above capacity: the gauge, the alerts to publish, the disputes to raise. Its
+        failure (a slow sweep, ClickHouse away) is logged and leaves the burn warnings alone."""
+        try:
+            found = list(self.capacity()) if self.capacity is not None else []
+            self._gauge_capacity(found)
+            self.over_capacity = found
+            if self.dispute is not None and found:
+                self.dispute(found)
+        except Exception as exc:
+            self.capacity_error = repr(exc)
+            log.warning("capacity_check_failed", error=repr(exc))
+            return []
+        self.capacity_error = None
+        return list(capacity_alerts(found, self.state.capacity, now))
 
     def _gauge_capacity(self, found: Sequence[tuple[Episode, Sequence[RunOnCluster]]]) -> None:
         worst: dict[str, int] = {}

@@ -4,14 +4,15 @@ One job's usage can be checked when it is metered (domain/usage_checks.py); the 
 cluster only where every job's usage meets: here, in `job_pieces` (every piece of every job, net
 of revisions). The sweep runs in ClickHouse: each piece adds its GPUs at its start and takes them
 back at its end, a running sum per cluster gives the GPUs in use after each change, and only the
-changes above the cluster's capacity come back. It reads every piece ending after `since`
-(`job_pieces` is ordered by project, so this scans the table's recent part; a round of the alerter
-does it once).
+changes above the cluster's capacity come back. It reads every piece ending after `since`:
+`job_pieces` is ordered by project, so the filter cannot use its index and a round of the alerter
+scans the table (a projection ordered by cluster and time would bound that on a large ledger).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from allmende.core.clickhouse import Database
 from allmende.domain.capacity import Episode, InUse, RunOnCluster, episodes
@@ -81,5 +82,6 @@ class CapacityQueries:
         self, capacity: Mapping[str, int], since: int, limit: int = MAX_EPISODES
     ) -> list[tuple[Episode, list[RunOnCluster]]]:
         """The newest `limit` episodes after `since`, each with the runs on its cluster then."""
-        newest = sorted(episodes(self.over_capacity(capacity, since), capacity), key=lambda e: -e.start)
+        found = episodes(self.over_capacity(capacity, since), capacity)
+        newest = sorted((replace(e, clipped=e.start <= since) for e in found), key=lambda e: -e.start)
         return [(episode, self.runs_in(episode)) for episode in newest[:limit]]

@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 # Events per batch and the longest a batch waits to fill: bounds both latency and memory.
 BATCH_MAX = 5_000
 BATCH_WITHIN_S = 0.2
+DISPUTES_CHECK_S = 2.0  # how often the admin log is read for disputes of jobs no event brings
 
 
 class _DecodedMeters:
@@ -248,6 +249,8 @@ def create_app(settings: Settings) -> faust.App:
         datadir=str(settings.meter_data_dir),
         topic_partitions=settings.topic_partitions,
         web_enabled=False,
+        # Our log lines are JSON on stderr; faust's worker would wrap stderr into its own logging.
+        worker_redirect_stdouts=False,
         producer_linger_ms=20,
         producer_compression_type="lz4",
         producer_max_batch_size=1024 * 1024,
@@ -338,7 +341,7 @@ def create_app(settings: Settings) -> faust.App:
         applied: list[JobEvent] = []
         for event, parsed in items:
             try:
-                check_event(parsed, in_force, state.submitted, now, settings.clock_skew_s)
+                check_event(parsed, in_force, now, settings.clock_skew_s)
                 emitted.extend(state.apply(parsed))
                 applied.append(parsed)
             except ImpossibleUsage as exc:  # checked before the state changes
@@ -350,6 +353,7 @@ def create_app(settings: Settings) -> faust.App:
                 # It may have changed the state before it raised: the state again, without it.
                 state = JobMeter.from_bytes(raw) if raw else JobMeter(job_id)
                 emitted = [entry for earlier in applied for entry in state.apply(earlier)]
+        emitted.extend(state.dispute(in_force.dispute_stage(job_id)))
         return state, emitted
 
     @app.agent(job_events)
@@ -405,6 +409,34 @@ def create_app(settings: Settings) -> faust.App:
                 continue
             if high is not None:
                 METER_LAG_RECORDS.labels(str(tp.partition)).set(max(0, high - offset - 1))
+
+    # The dispute stage each owned job's entries were last re-emitted with by `follow_disputes`.
+    followed: dict[str, int] = {}
+
+    @app.timer(interval=DISPUTES_CHECK_S)  # type: ignore[untyped-decorator]
+    async def follow_disputes() -> None:
+        """Re-emit the entries of a job whose dispute was raised or resolved, when no event of the
+        job brings it to a batch (an ended job's). Only jobs of this worker's partitions are in its
+        table; what it sends is what `metered` would (the same ids and revisions), so a batch of
+        the job's own, or another worker after a rebalance, sending the same is harmless. The
+        table is not written here: the job's next batch records the stage."""
+        try:
+            in_force = await plan.current()
+            due = [(j, s) for j, s in in_force.disputes.items() if followed.get(j) != s]
+            if not due:
+                return
+            out = _Deliveries(app)
+            for job_id, stage in due:
+                raw = meters.get(job_id.encode())
+                if not raw:
+                    continue  # another worker's job, or none of its events metered yet
+                entries = JobMeter.from_bytes(raw).dispute(stage)
+                for value in entry_records(entries):
+                    out.send(ledger_entries_topic, job_id.encode(), value)
+                followed[job_id] = stage
+            await out.delivered()
+        except Exception as exc:  # tried again at the next tick: the entries are idempotent
+            log.warning("meter_disputes_failed", error=repr(exc))
 
     ledger_entries_topic = ledger_entries.get_topic_name()
     dead_letters_topic = settings.dead_letter_topic

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import structlog
 
@@ -18,10 +19,13 @@ class _StderrLogger:
     line in the process fails with "I/O operation on closed file".
     """
 
+    _lock = threading.Lock()  # one line at a time, whatever thread logs
+
     def msg(self, message: str) -> None:
-        stream = sys.stderr
-        stream.write(message + "\n")
-        stream.flush()
+        with self._lock:
+            stream = sys.stderr
+            stream.write(message + "\n")
+            stream.flush()
 
     log = debug = info = warning = warn = error = err = critical = fatal = exception = msg
 

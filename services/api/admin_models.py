@@ -291,3 +291,25 @@ class OverCapacityOut(BaseModel):
         description="the look-back's start (ALLMENDE_CAPACITY_LOOKBACK_S before the ledger's clock)"
     )
     episodes: list[EpisodeOut] = Field(description="newest first, at most 20")
+
+
+class ResolveRequest(_Request):
+    action: Literal["charge", "drop"] = Field(
+        description="charge: the job is charged to its project again; drop: it stays charged to no project"
+    )
+
+
+class DisputeOut(BaseModel):
+    job_id: str
+    project: str
+    cluster: str
+    episode_start: dt.datetime
+    episode_end: dt.datetime
+    peak_gpus: int
+    capacity_gpus: int
+    raised_at: dt.datetime
+    reason: str
+    status: Literal["disputed", "charged", "dropped"]
+    resolved_by: str | None
+    resolved_at: dt.datetime | None
+    resolution_reason: str | None

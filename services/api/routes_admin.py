@@ -18,7 +18,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from allmende.core.dead_letters import Letter, RefusedLetters
-from allmende.domain.admin_state import AdminRejected, Overbooked
+from allmende.domain.admin_state import CHARGED, DISPUTED, DROPPED, AdminRejected, Dispute, Overbooked
 from allmende.domain.allocations import default_allocation_id, period_label, quarter_bounds
 from allmende.domain.capacity import Episode, RunOnCluster, pushed_over
 from allmende.domain.plan import PlanConflict
@@ -32,9 +32,11 @@ from allmende.schemas.admin_events import (
     AllocationGranted,
     AllocationTransferred,
     ClusterDeclared,
+    DisputeResolved,
     NodeDeclared,
     PolicyChanged,
 )
+from allmende.schemas.events import NAME_MAX_LENGTH, NAME_PATTERN
 from allmende.services.admin_service import AdminService, Outcome
 from allmende.services.api.access import own_nodes, path_nodes
 from allmende.services.api.admin_models import (
@@ -44,6 +46,7 @@ from allmende.services.api.admin_models import (
     ClusterOut,
     ClusterRequest,
     CommandResult,
+    DisputeOut,
     EpisodeOut,
     EventOut,
     GrantRequest,
@@ -58,6 +61,7 @@ from allmende.services.api.admin_models import (
     RefusedLetterOut,
     RefusedOut,
     RejectionBody,
+    ResolveRequest,
     RevokeRequest,
     RunOut,
     TransferRequest,
@@ -382,7 +386,9 @@ async def refused(
             RefusedKind(stage=stage, code=c, count=n, redrivable=stage == "meter" and c in PLAN_FIXABLE)
             for (stage, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
-        letters=[_letter_out(item) for item in latest if code is None or item.letter.code == code][:limit],
+        letters=[
+            _letter_out(item) for item in latest if code is None or (item.letter.code or "unexpected") == code
+        ][:limit],
         age_s=age,
     )
 
@@ -443,3 +449,59 @@ def _run_out(run: RunOnCluster) -> RunOut:
 
 def _utc(at: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(at, dt.UTC)
+
+
+JobId = Annotated[str, Path(min_length=1, max_length=NAME_MAX_LENGTH, pattern=NAME_PATTERN)]
+_STATUS = {DISPUTED: "disputed", CHARGED: "charged", DROPPED: "dropped"}
+
+
+@router.get(
+    "/disputes",
+    response_model=list[DisputeOut],
+    responses=ERRORS,
+    summary="Usage held as disputed (a cluster ran more GPUs than it has), and how each was resolved",
+    description="A disputed job is charged to no project until an admin resolves it "
+    "(`POST /v1/admin/disputes/{job_id}/resolution`). Newest first.",
+)
+async def disputes(admin: Admin, service: Admins) -> list[DisputeOut]:
+    state = await run_in_threadpool(service.state)
+    found = sorted(state.disputes.values(), key=lambda d: (-d.raised.occurred_at, d.raised.job_id))
+    return [_dispute_out(d) for d in found]
+
+
+def _dispute_out(d: Dispute) -> DisputeOut:
+    raised, resolved = d.raised, d.resolved
+    return DisputeOut(
+        job_id=raised.job_id,
+        project=raised.project,
+        cluster=raised.cluster,
+        episode_start=_utc(raised.episode_start),
+        episode_end=_utc(raised.episode_end),
+        peak_gpus=raised.peak_gpus,
+        capacity_gpus=raised.capacity_gpus,
+        raised_at=_utc(raised.occurred_at),
+        reason=raised.reason,
+        status=_STATUS[d.stage],
+        resolved_by=resolved.actor if resolved else None,
+        resolved_at=_utc(resolved.occurred_at) if resolved else None,
+        resolution_reason=resolved.reason if resolved else None,
+    )
+
+
+@router.post(
+    "/disputes/{job_id}/resolution",
+    response_model=CommandResult,
+    responses=ERRORS,
+    summary="Resolve disputed usage: charge it to the job's project, or drop it",
+    description="An admin event on the audit trail. The meter re-emits the job's entries within "
+    "seconds: attributed to its project again (`charge`), or left charged to no project (`drop`).",
+)
+async def resolve_dispute(
+    job_id: JobId, body: ResolveRequest, admin: Admin, service: Admins, key: IdempotencyKey = None
+) -> CommandResult:
+    event = DisputeResolved(
+        **_base(service, admin.name, body.reason, key or f"resolve-{job_id}-{body.action}", "resolve"),
+        job_id=job_id,
+        action=body.action,
+    )
+    return await _run(service, [event])

@@ -77,7 +77,8 @@ def test_both_pages_load_without_console_errors(platform: Platform, signed_in: S
     overview = visits["admin overview"].page
     assert overview.locator("#over-capacity .empty").inner_text() == "No cluster ran more GPUs than it has."
     assert overview.locator("#refused .empty").inner_text() == "Nothing refused."
-    assert visits["alice's overview"].page.locator("#refused, #over-capacity").count() == 0
+    assert overview.locator("#disputes .empty").inner_text() == "No disputed usage."
+    assert visits["alice's overview"].page.locator("#refused, #over-capacity, #disputes").count() == 0
     project = visits["admin ef-cluster10"].page
     assert project.locator("#holds-note").is_visible()
     assert project.locator("#holds-note").inner_text() == "Holds count as spent for the forecast."

@@ -214,6 +214,9 @@ REQUESTS: dict[str, Request] = {
     "GET /v1/admin/organisation": _get("/v1/admin/organisation"),
     "GET /v1/admin/refused": _get("/v1/admin/refused"),
     "GET /v1/admin/over-capacity": _get("/v1/admin/over-capacity"),
+    "GET /v1/admin/disputes": _get("/v1/admin/disputes"),
+    "POST /v1/admin/disputes/{job_id}/resolution": _post(
+        "/v1/admin/disputes/no-such-job/resolution", {"action": "charge"}),
     "GET /v1/fairshare": _get("/v1/fairshare"),
     "GET /v1/dashboard/periods": _get("/v1/dashboard/periods"),
     "GET /v1/dashboard/projects": _get("/v1/dashboard/projects"),

@@ -223,7 +223,7 @@ def _bad_events(
 
     def over_capacity() -> tuple[JobEvent, Record]:
         event = pick(JobUsageSample)
-        gpus = capacity[next(e.cluster for e in events if isinstance(e, JobSubmitted))] + 1
+        gpus = max(capacity.values()) + 1  # more than any cluster has: impossible on its own
         reading = event.model_copy(update={"event_id": f"{event.event_id}:over", "gpus_in_use": gpus})
         return event, Record(
             event.job_id.encode(), encode_event(reading), "over-capacity", f"reports {gpus} GPUs"

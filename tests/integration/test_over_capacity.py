@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from allmende.core.ledger_store import LedgerStore
 from allmende.core.settings import Settings
+from allmende.domain.metering import JobMeter
 from allmende.schemas.alert_events import CapacityExceeded
-from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, ok, plan_text, running_api
-from allmende.testing.harness import wait_until
+from allmende.testing.budget_harness import ADMIN, ALICE, BOB, SCHEDULER, ok, plan_text, running_api
+from allmende.testing.harness import MeterWorker, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, _meter_all, _run
 from tests.integration.test_burn_alerts import Webhook, on_topic
 
@@ -88,3 +90,61 @@ def test_two_runs_above_a_clusters_capacity_raise_one_alert_naming_the_one_that_
     assert gauge == 8
     [body] = [b for b in hook.bodies if "small" in b["text"]]
     assert body["text"] == alert.message
+
+
+def _project_gpu_seconds(store: LedgerStore) -> dict[str, int]:
+    return {p: store.total_gpu_seconds(p) for p in ("olmo-ft", "vision")} | {
+        "": int(store.db.rows("SELECT sum(gpu_seconds) FROM {db}.usage_daily WHERE project = ''")[0][0])
+    }
+
+
+def test_the_run_that_pushed_the_cluster_over_is_charged_to_no_project_until_an_admin_resolves_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    per_job = {job: JobMeter(job) for job in ("first", "second", "after")}
+    for event in JOBS:
+        per_job[event.job_id].apply(event)
+    gs = {job: m.gpu_seconds() for job, m in per_job.items()}
+    alerting = settings.model_copy(update={"alert_check_s": 1})
+    with running_api(alerting, NOW) as (api, _):
+        store: LedgerStore = api.app.state.store  # type: ignore[attr-defined]
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        meter = MeterWorker(alerting, tmp_path / "logs")
+        try:
+            meter.wait_ready()
+            send_events(alerting, JOBS)
+            # Held: the run that started last is charged to no project, its neighbours as before.
+            withheld = {"olmo-ft": gs["first"], "vision": gs["after"], "": gs["second"]}
+            wait_until(lambda: _project_gpu_seconds(store) == withheld, 90, f"{withheld}")
+            [dispute] = ok(api.get("/v1/admin/disputes", headers=ADMIN))
+            assert (dispute["job_id"], dispute["project"], dispute["status"]) == (
+                "second",
+                "vision",
+                "disputed",
+            )
+            assert dispute["resolved_by"] is None and "24 GPUs of its 16" in dispute["reason"]
+            balance = ok(api.get("/v1/projects/vision/balance", headers=ADMIN))
+            usage = ok(api.get("/v1/projects/vision/usage", headers=ADMIN))
+            assert balance["total_gpu_seconds"] == usage["total_gpu_seconds"] == gs["after"]
+            # Without the run, the cluster no longer ran above its capacity.
+            assert ok(api.get("/v1/admin/over-capacity", headers=ADMIN))["episodes"] == []
+
+            # The admin decides: charge it. Audited, and the job is the project's again.
+            resolution = {"action": "charge", "reason": "the second run was real: node counts were wrong"}
+            denied = api.post("/v1/admin/disputes/second/resolution", json=resolution, headers=ALICE)
+            ok(api.post("/v1/admin/disputes/second/resolution", json=resolution, headers=ADMIN))
+            charged = {"olmo-ft": gs["first"], "vision": gs["after"] + gs["second"], "": 0}
+            wait_until(lambda: _project_gpu_seconds(store) == charged, 90, f"{charged}")
+            again = api.post("/v1/admin/disputes/second/resolution", json={"action": "drop"}, headers=ADMIN)
+            time.sleep(3)  # rounds that see the episode again raise no new dispute
+            [resolved] = ok(api.get("/v1/admin/disputes", headers=ADMIN))
+            history = ok(api.get("/v1/projects/vision/history", headers=BOB))
+        finally:
+            meter.kill()
+    assert denied.status_code == 403
+    assert again.status_code == 409 and "resolved (charge) by root" in again.json()["detail"]
+    assert (resolved["status"], resolved["resolved_by"]) == ("charged", "root")
+    assert [e["type"] for e in history if e["type"] in ("UsageDisputed", "DisputeResolved")] == [
+        "UsageDisputed", "DisputeResolved",
+    ]  # fmt: skip
+    assert store.total_gpu_seconds() == sum(gs.values())  # nothing lost, nothing twice

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allmende.domain.admin_state import (
+    CHARGED,
+    DISPUTED,
+    DROPPED,
     AdminRejected,
     AdminState,
     Conflict,
@@ -19,7 +23,7 @@ from allmende.domain.admin_state import (
     UnknownReference,
 )
 from allmende.domain.allocations import Allocation
-from allmende.schemas.admin_events import AdminEvent
+from allmende.schemas.admin_events import AdminEvent, DisputeResolved, UsageDisputed
 from tests.unit.admin_builders import (
     BEFORE,
     DAY,
@@ -902,3 +906,41 @@ def test_what_the_rules_accept(history: list[AdminEvent], event: AdminEvent, now
     state = world(*history)
     state.check(event, now=now)
     assert state.apply(event) is True
+
+
+def _disputed(job: str = "job-1", project: str = "vision") -> UsageDisputed:
+    return UsageDisputed(
+        event_id=f"dispute:{job}:raised", occurred_at=T0, actor="capacity-watch", job_id=job, project=project,
+        cluster="h100", episode_start=T0 - 3600, episode_end=T0 - 600, peak_gpus=24, capacity_gpus=16,
+    )  # fmt: skip
+
+
+def _resolved(action: Literal["charge", "drop"], job: str = "job-1", n: int = 1) -> DisputeResolved:
+    return DisputeResolved(
+        event_id=f"resolve:{job}:{n}", occurred_at=T0 + n, actor="root", job_id=job, action=action
+    )
+
+
+def test_a_dispute_is_raised_once_resolved_once_and_in_its_projects_history() -> None:
+    state = AdminState.of([node("org", kind="organisation"), node("vision", parent="org")])
+    with pytest.raises(UnknownReference):
+        state.check(_resolved("charge"), now=T0)
+    state.check(_disputed(), now=T0)
+    state.apply(_disputed())
+    assert state.disputes["job-1"].stage == DISPUTED and state.disputes["job-1"].withheld
+    with pytest.raises(Conflict):
+        state.check(_disputed().model_copy(update={"event_id": "other"}), now=T0)
+    state.apply(_resolved("drop"))
+    assert state.disputes["job-1"].stage == DROPPED and state.disputes["job-1"].withheld
+    with pytest.raises(Conflict, match=r"resolved \(drop\) by root"):
+        state.check(_resolved("charge", n=2), now=T0)
+    state.apply(_resolved("charge", n=2))  # a second decision on the log changes nothing
+    assert state.disputes["job-1"].stage == DROPPED
+    assert [e.type for e in state.history_of("vision")][-3:] == [
+        "UsageDisputed",
+        "DisputeResolved",
+        "DisputeResolved",
+    ]
+    assert not [e for e in state.history_of("org") if e.type.startswith("Dispute")]
+    charged = AdminState.of([_disputed(), _resolved("charge")]).disputes["job-1"]
+    assert charged.stage == CHARGED and not charged.withheld

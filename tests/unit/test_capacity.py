@@ -11,6 +11,7 @@ from allmende.domain.capacity import (
     episodes,
     peak_in_use,
     pushed_over,
+    usage_disputes,
 )
 
 
@@ -52,3 +53,32 @@ def test_an_episode_is_alerted_once() -> None:
     assert capacity_alerts(found, state.capacity, now=t + 200) == []
     longer = [(Episode("a", 16, t + 10, t + 45, 24), found[0][1])]  # the same episode, seen further
     assert capacity_alerts(longer, state.capacity, now=t + 300) == []
+
+
+def test_only_runs_with_a_project_not_disputed_before_are_disputed() -> None:
+    t = 1_800_000_000
+    episode = Episode("a", 16, t + 10, t + 30, 30)  # 14 over
+    runs = [
+        RunOnCluster("old", "p", t, 12), RunOnCluster("mid", "q", t + 5, 8),
+        RunOnCluster("orphan", "", t + 8, 4), RunOnCluster("late", "r", t + 9, 6),
+    ]  # fmt: skip
+    events = usage_disputes([(episode, runs)], disputed={"mid"}, now=t + 60)
+    # pushed over: late, orphan, mid (6 + 4 + 8 >= 14); orphan has no project, mid is disputed
+    assert [(e.job_id, e.project, e.cluster, e.event_id) for e in events] == [
+        ("late", "r", "a", "dispute:late:raised")
+    ]
+    assert usage_disputes([(episode, runs), (episode, runs)], disputed=set(), now=t + 60) == usage_disputes(
+        [(episode, runs)], disputed=set(), now=t + 60
+    )  # a run in two episodes is disputed once
+
+
+def test_an_episode_the_look_back_cut_is_not_raised_again() -> None:
+    t = 1_800_000_000
+    runs = [RunOnCluster("first", "p", t, 12), RunOnCluster("second", "q", t + 10, 12)]
+    [alert] = capacity_alerts([(Episode("a", 16, t + 10, t + 30, 24), runs)], set(), now=t + 100)
+    # Days later the look-back starts inside it: the same episode, cut at a later change point.
+    cut = Episode("a", 16, t + 20, t + 30, 24, clipped=True)
+    assert capacity_alerts([(cut, runs)], {(alert.cluster, alert.start)}, now=t + 9 * 86_400) == []
+    # A cluster never alerted before is alerted even when cut: nobody has heard of it yet.
+    [first] = capacity_alerts([(Episode("b", 16, t + 20, t + 30, 24, clipped=True), runs)], set(), now=t)
+    assert first.cluster == "b"

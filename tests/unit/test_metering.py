@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allmende.domain.admin_state import CHARGED, DISPUTED, DROPPED, NOT_DISPUTED
 from allmende.domain.metering import JobMeter, MeteringRejected, _hash24
 from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.events import JobEvent
@@ -558,3 +559,29 @@ def test_a_stray_reading_between_runs_does_not_charge_the_idle_gap() -> None:
         finished(300, "f"),
     ])  # fmt: skip
     assert meter.gpu_seconds() == 2 * 100 + 2 * 100  # was 550: 150..200 charged at 3 GPUs
+
+
+def test_a_dispute_withholds_every_entry_and_each_later_stage_revises_it_again() -> None:
+    events = [
+        submitted(project="vision", cluster="east"),
+        started(0, 2, "s"),
+        sample(50, 2, "u"),
+        finished(80, "f"),
+    ]
+    meter = meter_after(events)
+    attributed = {e.entry_id: e for e in meter.entries()}
+    assert meter.dispute(NOT_DISPUTED) == []  # no change, nothing to send
+    withheld = {e.entry_id: e for e in meter.dispute(DISPUTED)}
+    assert withheld.keys() == attributed.keys() and meter.dispute(DISPUTED) == []
+    assert all(getattr(e, f) == "" for e in withheld.values() for f in UNATTRIBUTED_FIELDS)
+    again = JobMeter.from_bytes(meter.to_bytes())
+    assert again.dispute_stage == DISPUTED and again.entries() == list(withheld.values())
+    charged = {e.entry_id: e for e in meter.dispute(CHARGED)}
+    assert all(charged[i].project == "vision" for i in charged)
+    for entry_id, first in attributed.items():
+        assert first.version < withheld[entry_id].version < charged[entry_id].version  # the last wins
+        assert first.gpu_seconds == withheld[entry_id].gpu_seconds == charged[entry_id].gpu_seconds
+    dropped = JobMeter.from_bytes(again.to_bytes())
+    assert all(e.project == "" for e in dropped.dispute(DROPPED))
+    # The writer's rule (the largest revision wins) converges whatever order the copies come in.
+    assert newest_per_entry([*charged.values(), *withheld.values(), *attributed.values()]) == charged

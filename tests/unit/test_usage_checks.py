@@ -27,17 +27,13 @@ from tests.unit.admin_builders import cluster, node
 
 NOW = 1_800_000_000
 SKEW = 300
-PLAN = PlanView.of(
-    AdminState.of(
-        [
-            node("org", kind="organisation"),
-            node("vision", parent="org"),
-            cluster("small", gpu_type="H100", gpus=88),
-            cluster("large", gpu_type="B200", gpus=1024),
-        ]
-    )
-)
-SUBMITTED = {"project": "vision", "cluster": "small", "gpu_type": "H100", "gpus": 8}
+PLAN_EVENTS = [
+    node("org", kind="organisation"),
+    node("vision", parent="org"),
+    cluster("small", gpu_type="H100", gpus=88),
+    cluster("large", gpu_type="B200", gpus=1024),
+]
+PLAN = PlanView.of(AdminState.of(PLAN_EVENTS))
 COMMON = {"producer": "test", "job_id": "j1"}
 
 
@@ -51,9 +47,9 @@ def submitted(**change: object) -> JobSubmitted:
     return JobSubmitted(**fields)  # type: ignore[arg-type]
 
 
-def code_of(event: JobEvent, known: dict[str, object] | None = SUBMITTED, now: int = NOW) -> str | None:
+def code_of(event: JobEvent, now: int = NOW, plan: PlanView = PLAN) -> str | None:
     try:
-        check_event(event, PLAN, known, now, SKEW)
+        check_event(event, plan, now, SKEW)
     except ImpossibleUsage as exc:
         assert str(exc)  # a sentence for the dead letter
         return exc.code
@@ -61,8 +57,8 @@ def code_of(event: JobEvent, known: dict[str, object] | None = SUBMITTED, now: i
 
 
 def test_a_submission_the_plan_fits_passes() -> None:
-    assert code_of(submitted(), None) is None
-    assert code_of(submitted(gpus=88), None) is None
+    assert code_of(submitted()) is None
+    assert code_of(submitted(gpus=88)) is None
 
 
 @pytest.mark.parametrize(
@@ -79,16 +75,23 @@ def test_a_submission_the_plan_fits_passes() -> None:
 def test_a_submission_the_plan_does_not_fit_is_refused_with_its_code(
     change: dict[str, object], code: str
 ) -> None:
-    assert code_of(submitted(**change), None) == code
+    assert code_of(submitted(**change)) == code
 
 
-def test_gpus_in_use_are_checked_against_the_jobs_cluster_once_its_submission_is_known() -> None:
+def test_gpus_started_or_in_use_are_checked_against_the_largest_cluster_ever_declared() -> None:
+    # The job's own cluster is the ledger's to check (the alerter's sweep, then a dispute): here
+    # only the event counts, so the answer is the same whatever order the job's events come in.
     sample = JobUsageSample(event_id="s", occurred_at=NOW, gpus_in_use=89, gpu_utilization=1.0, **COMMON)
-    assert code_of(sample) == OVER_CAPACITY  # on "small", 88 GPUs
-    assert code_of(sample, None) is None  # no submission yet: the largest cluster has room
+    assert code_of(sample) is None  # more than "small" has, but "large" has room
     started = JobStarted(event_id="s", occurred_at=NOW, gpus=1025, **COMMON)
-    assert code_of(started, None) == OVER_CAPACITY
-    assert code_of(JobStarted(event_id="s", occurred_at=NOW, gpus=88, **COMMON)) is None
+    assert code_of(started) == OVER_CAPACITY
+    shrunk = PlanView.of(
+        AdminState.of(
+            [*PLAN_EVENTS, cluster("large", gpu_type="B200", gpus=512, at=NOW - 10, event_id="shrink")]
+        )
+    )
+    assert shrunk.clusters["large"].gpus == 1024  # what it once held stays possible
+    assert code_of(JobStarted(event_id="s", occurred_at=NOW, gpus=1024, **COMMON), plan=shrunk) is None
 
 
 def test_instants_up_to_the_skew_pass_and_a_replay_of_the_past_is_unaffected() -> None:
@@ -103,5 +106,5 @@ def test_instants_up_to_the_skew_pass_and_a_replay_of_the_past_is_unaffected() -
 def test_a_plan_without_clusters_fits_no_usage() -> None:
     empty = PlanView.of(AdminState())
     with pytest.raises(ImpossibleUsage) as refused:
-        check_event(JobStarted(event_id="s", occurred_at=NOW, gpus=1, **COMMON), empty, None, NOW, SKEW)
+        check_event(JobStarted(event_id="s", occurred_at=NOW, gpus=1, **COMMON), empty, NOW, SKEW)
     assert refused.value.code == OVER_CAPACITY

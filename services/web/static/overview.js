@@ -132,6 +132,19 @@
     ], { empty: "No cluster ran more GPUs than it has." });
   });
 
+  // Admins only: disputed usage and how it was resolved.
+  const disputes = () => A.$("#disputes") && A.loading("disputes", "#disputes", async () => {
+    const rows = await A.getJSON("/v1/admin/disputes", { period: null });
+    A.table("#disputes .body", rows, [
+      { key: "job_id", label: "Job", kind: "text" },
+      { key: "project", label: "Project", kind: "text" },
+      { key: "cluster", label: "Cluster", kind: "text" },
+      { key: "episode_start", label: "Over from", kind: "instant" },
+      { key: "status", label: "Status", kind: "text" },
+      { key: "resolved_by", label: "Resolved by", kind: "text" },
+    ], { empty: "No disputed usage." });
+  });
+
   A.periodPicker();
-  Promise.all([projects(), utilization(), fairshare(), overCapacity(), refused()]).finally(A.start);
+  Promise.all([projects(), utilization(), fairshare(), overCapacity(), disputes(), refused()]).finally(A.start);
 })();
