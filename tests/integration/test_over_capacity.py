@@ -20,6 +20,7 @@ from allmende.core.ledger_store import LedgerStore
 from allmende.core.settings import Settings
 from allmende.domain.metering import JobMeter
 from allmende.schemas.alert_events import CapacityExceeded
+from allmende.schemas.events import JobSubmitted
 from allmende.testing.budget_harness import ADMIN, ALICE, BOB, SCHEDULER, ok, plan_text, running_api
 from allmende.testing.harness import MeterWorker, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, _meter_all, _run
@@ -34,6 +35,7 @@ plan: small-2027-q1
 period: 2027-Q1
 clusters:
   - {name: small, gpu_type: H100, gpus: 16}
+  - {name: big, gpu_type: H100, gpus: 64}
 organisation:
   - {id: institute, kind: organisation, shares: 100}
   - {id: olmo-ft, parent: institute, kind: project, shares: 60, leads: [alice]}
@@ -92,6 +94,15 @@ def test_two_runs_above_a_clusters_capacity_raise_one_alert_naming_the_one_that_
     assert body["text"] == alert.message
 
 
+# A run alone above its own cluster's size: asked for 8 GPUs, reports 20 on a cluster of 16. Each
+# event is possible on its own (the big cluster has 20), so the meter takes them; the ledger's
+# sweep finds the run like any sum above a cluster.
+WIDE = [
+    e.model_copy(update={"gpus": 8}) if isinstance(e, JobSubmitted) else e
+    for e in _run("wide", "olmo-ft", start=T0 + 8 * HOUR, end=T0 + 9 * HOUR, gpus=20, cluster="small")
+]
+
+
 def _project_gpu_seconds(store: LedgerStore) -> dict[str, int]:
     return {p: store.total_gpu_seconds(p) for p in ("olmo-ft", "vision")} | {
         "": int(store.db.rows("SELECT sum(gpu_seconds) FROM {db}.usage_daily WHERE project = ''")[0][0])
@@ -101,8 +112,8 @@ def _project_gpu_seconds(store: LedgerStore) -> dict[str, int]:
 def test_the_run_that_pushed_the_cluster_over_is_charged_to_no_project_until_an_admin_resolves_it(
     settings: Settings, tmp_path: Path
 ) -> None:
-    per_job = {job: JobMeter(job) for job in ("first", "second", "after")}
-    for event in JOBS:
+    per_job = {job: JobMeter(job) for job in ("first", "second", "after", "wide")}
+    for event in [*JOBS, *WIDE]:
         per_job[event.job_id].apply(event)
     gs = {job: m.gpu_seconds() for job, m in per_job.items()}
     alerting = settings.model_copy(update={"alert_check_s": 1})
@@ -112,11 +123,18 @@ def test_the_run_that_pushed_the_cluster_over_is_charged_to_no_project_until_an_
         meter = MeterWorker(alerting, tmp_path / "logs")
         try:
             meter.wait_ready()
-            send_events(alerting, JOBS)
-            # Held: the run that started last is charged to no project, its neighbours as before.
-            withheld = {"olmo-ft": gs["first"], "vision": gs["after"], "": gs["second"]}
+            send_events(alerting, [*JOBS, *WIDE])
+            # Held: the run that started last is charged to no project, its neighbours as before;
+            # so is the run too wide for its cluster.
+            withheld = {"olmo-ft": gs["first"], "vision": gs["after"], "": gs["second"] + gs["wide"]}
             wait_until(lambda: _project_gpu_seconds(store) == withheld, 90, f"{withheld}")
-            [dispute] = ok(api.get("/v1/admin/disputes", headers=ADMIN))
+            dispute, wide = ok(api.get("/v1/admin/disputes", headers=ADMIN))  # by job id
+            assert [wide[k] for k in ("job_id", "project", "status", "peak_gpus")] == [
+                "wide",
+                "olmo-ft",
+                "disputed",
+                20,
+            ]
             assert (dispute["job_id"], dispute["project"], dispute["status"]) == (
                 "second",
                 "vision",
@@ -133,17 +151,19 @@ def test_the_run_that_pushed_the_cluster_over_is_charged_to_no_project_until_an_
             resolution = {"action": "charge", "reason": "the second run was real: node counts were wrong"}
             denied = api.post("/v1/admin/disputes/second/resolution", json=resolution, headers=ALICE)
             ok(api.post("/v1/admin/disputes/second/resolution", json=resolution, headers=ADMIN))
-            charged = {"olmo-ft": gs["first"], "vision": gs["after"] + gs["second"], "": 0}
+            ok(api.post("/v1/admin/disputes/wide/resolution", json={"action": "drop"}, headers=ADMIN))
+            charged = {"olmo-ft": gs["first"], "vision": gs["after"] + gs["second"], "": gs["wide"]}
             wait_until(lambda: _project_gpu_seconds(store) == charged, 90, f"{charged}")
             again = api.post("/v1/admin/disputes/second/resolution", json={"action": "drop"}, headers=ADMIN)
             time.sleep(3)  # rounds that see the episode again raise no new dispute
-            [resolved] = ok(api.get("/v1/admin/disputes", headers=ADMIN))
+            resolved, dropped = ok(api.get("/v1/admin/disputes", headers=ADMIN))
             history = ok(api.get("/v1/projects/vision/history", headers=BOB))
         finally:
             meter.kill()
     assert denied.status_code == 403
     assert again.status_code == 409 and "resolved (charge) by root" in again.json()["detail"]
     assert (resolved["status"], resolved["resolved_by"]) == ("charged", "root")
+    assert (dropped["job_id"], dropped["status"]) == ("wide", "dropped")
     assert [e["type"] for e in history if e["type"] in ("UsageDisputed", "DisputeResolved")] == [
         "UsageDisputed", "DisputeResolved",
     ]  # fmt: skip
