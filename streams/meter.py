@@ -420,6 +420,8 @@ def create_app(settings: Settings) -> faust.App:
         table; what it sends is what `metered` would (the same ids and revisions), so a batch of
         the job's own, or another worker after a rebalance, sending the same is harmless. The
         table is not written here: the job's next batch records the stage."""
+        if app.rebalancing or getattr(app, "in_recovery", False):
+            return  # the table may hold part of a job's state: its next tick sees all of it
         try:
             in_force = await plan.current()
             due = [(j, s) for j, s in in_force.disputes.items() if followed.get(j) != s]
