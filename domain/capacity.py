@@ -81,6 +81,12 @@ def episodes(rows: Iterable[InUse], capacity: Mapping[str, int]) -> list[Episode
     return found
 
 
+def accounted_for(episode: Episode, runs: Iterable[RunOnCluster]) -> bool:
+    """Whether the runs hold the episode's peak: the most GPUs each used in it add up to at least
+    the peak (else the ledger changed between reading the sweep and reading the runs)."""
+    return sum(r.gpus for r in runs) >= episode.peak
+
+
 def pushed_over(episode: Episode, runs: Iterable[RunOnCluster]) -> list[RunOnCluster]:
     """The runs that pushed the cluster over: the last to start (ties: the larger job id), taken
     until their GPUs cover the excess. The runs that were there first are taken for real; which

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from allmende.core.clickhouse import Database
-from allmende.domain.capacity import Episode, InUse, RunOnCluster, episodes
+from allmende.domain.capacity import Episode, InUse, RunOnCluster, accounted_for, episodes
 
 MAX_EPISODES = 20  # per round: each costs a query of its runs
 
@@ -84,4 +84,7 @@ class CapacityQueries:
         """The newest `limit` episodes after `since`, each with the runs on its cluster then."""
         found = episodes(self.over_capacity(capacity, since), capacity)
         newest = sorted((replace(e, clipped=e.start <= since) for e in found), key=lambda e: -e.start)
-        return [(episode, self.runs_in(episode)) for episode in newest[:limit]]
+        with_runs = [(episode, self.runs_in(episode)) for episode in newest[:limit]]
+        # Two reads: the writer may post between them (a run withheld as disputed meanwhile). An
+        # episode whose runs no longer add up to its peak is left to the next round, settled.
+        return [(e, runs) for e, runs in with_runs if accounted_for(e, runs)]

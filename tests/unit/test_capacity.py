@@ -7,6 +7,7 @@ from allmende.domain.capacity import (
     Episode,
     InUse,
     RunOnCluster,
+    accounted_for,
     capacity_alerts,
     episodes,
     peak_in_use,
@@ -82,3 +83,12 @@ def test_an_episode_the_look_back_cut_is_not_raised_again() -> None:
     # A cluster never alerted before is alerted even when cut: nobody has heard of it yet.
     [first] = capacity_alerts([(Episode("b", 16, t + 20, t + 30, 24, clipped=True), runs)], set(), now=t)
     assert first.cluster == "b"
+
+
+def test_runs_that_no_longer_hold_the_peak_leave_the_episode_for_a_later_round() -> None:
+    t = 1_800_000_000
+    episode = Episode("a", 16, t + 10, t + 30, 24)
+    both = [RunOnCluster("first", "p", t, 12), RunOnCluster("second", "q", t + 10, 12)]
+    assert accounted_for(episode, both)
+    # Read after the writer withheld "second": taking "first" for the pusher would be wrong.
+    assert not accounted_for(episode, both[:1])
