@@ -68,6 +68,11 @@ class RunOnCluster:
     gpus: int  # the most it used during the episode
 
 
+# An episode with the runs on its cluster during it: what the sweep finds, what alerts and
+# disputes are made of.
+Found = tuple[Episode, Sequence[RunOnCluster]]
+
+
 def episodes(rows: Iterable[InUse], capacity: Mapping[str, int]) -> list[Episode]:
     """Consecutive over-capacity stretches of each cluster joined into episodes (rows sorted by
     cluster and start; a gap between two rows ends an episode)."""
@@ -102,7 +107,7 @@ def pushed_over(episode: Episode, runs: Iterable[RunOnCluster]) -> list[RunOnClu
 
 
 def capacity_alerts(
-    found: Sequence[tuple[Episode, Sequence[RunOnCluster]]], raised: AbstractSet[tuple[str, int]], now: int
+    found: Sequence[Found], raised: AbstractSet[tuple[str, int]], now: int
 ) -> list[CapacityExceeded]:
     """One alert per episode not raised before (its cluster and start), naming the runs that
     pushed the cluster over. An episode the look-back cut is not raised again for a cluster that
@@ -144,9 +149,7 @@ def capacity_message(episode: Episode, pushers: Sequence[RunOnCluster]) -> str:
     )[:2000]
 
 
-def usage_disputes(
-    found: Sequence[tuple[Episode, Sequence[RunOnCluster]]], disputed: Collection[str], now: int
-) -> list[UsageDisputed]:
+def usage_disputes(found: Sequence[Found], disputed: Collection[str], now: int) -> list[UsageDisputed]:
     """Admin events that hold as disputed the usage of each run that pushed a cluster over and
     is not disputed yet (nor was: a resolved dispute is an admin's decision, not raised again)."""
     events: dict[str, UsageDisputed] = {}

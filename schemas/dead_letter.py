@@ -55,6 +55,11 @@ class DeadLetter(BaseModel):
     truncated: bool = False  # value_b64 holds only the first VALUE_PREFIX_MAX bytes
     refused_at: int  # Unix seconds
 
+    @property
+    def kind(self) -> str:
+        """Its code; "unexpected" for a letter written before codes (its reason says more)."""
+        return self.code or "unexpected"
+
     @classmethod
     def of(
         cls,

@@ -19,7 +19,7 @@ from allmende.core.ledger_store import DayUsage, LedgerStore
 from allmende.domain.admin_state import AdminRejected, AdminState, Conflict
 from allmende.domain.allocations import Allocation, next_period, period_label
 from allmende.domain.balances import ProjectBalance, project_balance, segments
-from allmende.domain.capacity import Episode, RunOnCluster, usage_disputes
+from allmende.domain.capacity import Found, usage_disputes
 from allmende.domain.plan import Change, PlanConflict, diff
 from allmende.domain.plan_file import PlanInvalid, locate, parse_plan
 from allmende.schemas.admin_events import AdminEvent, AllocationExpired, PolicyChanged
@@ -108,7 +108,7 @@ class AdminService:
                 log.info("admin_events_published", events=[f"{e.type}:{e.event_id}" for e in fresh])
             return Outcome(tuple(fresh), tuple(seen))
 
-    def dispute_over_capacity(self, found: Sequence[tuple[Episode, Sequence[RunOnCluster]]]) -> Outcome:
+    def dispute_over_capacity(self, found: Sequence[Found]) -> Outcome:
         """Hold as disputed the runs that pushed a cluster over (admin events: the audit trail)."""
         events = usage_disputes(found, self.state().disputes, self.now())
         return self.submit(events) if events else Outcome((), ())

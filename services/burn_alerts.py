@@ -60,7 +60,7 @@ from allmende.core.metrics import (
 from allmende.core.settings import Settings
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
-from allmende.domain.capacity import Episode, RunOnCluster, capacity_alerts
+from allmende.domain.capacity import Found, capacity_alerts
 from allmende.schemas.alert_events import (
     AlertEvent,
     BurnWarningRaised,
@@ -75,7 +75,7 @@ log = structlog.get_logger(__name__)
 
 Source = Callable[[], Sequence[ProjectBurn]]
 # Clusters run above their capacity, each with the runs on it then (services/capacity_queries.py).
-CapacitySource = Callable[[], Sequence[tuple[Episode, Sequence[RunOnCluster]]]]
+CapacitySource = Callable[[], Sequence[Found]]
 
 WEBHOOK_TIMEOUT_S = 5.0
 WEBHOOK_ATTEMPTS = 4
@@ -122,7 +122,7 @@ class BurnAlerter:
         source: Source,
         *,
         capacity: CapacitySource | None = None,
-        dispute: Callable[[Sequence[tuple[Episode, Sequence[RunOnCluster]]]], object] | None = None,
+        dispute: Callable[[Sequence[Found]], object] | None = None,
         clock: Callable[[], float] = time.time,
         metrics: ProjectMetrics | None = None,
         webhook_attempts: int = WEBHOOK_ATTEMPTS,
@@ -134,13 +134,11 @@ class BurnAlerter:
         self.source = source
         self.capacity = capacity
         self.dispute = dispute  # holds the runs that pushed a cluster over as disputed usage
-        self.capacity_error: str | None = None  # the last capacity round's failure, if it failed
         # Published by this alerter but not yet posted: a publication that failed may have reached
         # the topic all the same, and the next round then finds it there instead of emitting it
         # again; it is posted when folded (what another alerter published it posts itself).
         self._unposted: dict[str, AlertEvent] = {}
         self._gauged: set[str] = set()  # clusters whose over-capacity gauge was ever set
-        self.over_capacity: list[tuple[Episode, Sequence[RunOnCluster]]] = []  # as of the last round
         self.clock = clock
         self.thresholds = Thresholds.parse(
             settings.burn_warning_days_early, settings.burn_warning_budget_shares
@@ -256,7 +254,7 @@ class BurnAlerter:
             now = int(self.clock())
             events: list[AlertEvent] = list(evaluate(burns, self.thresholds, self.state, now))
             if self.capacity is not None:
-                events += self._capacity_round(now)
+                events += self._capacity_round(self.capacity, now)
             if not events:
                 return []
             self._unposted.update((e.event_id, e) for e in events)
@@ -283,23 +281,20 @@ class BurnAlerter:
         for url in self.webhook_urls:
             self._post(url, event)
 
-    def _capacity_round(self, now: int) -> list[AlertEvent]:
-        """Clusters above capacity: the gauge, the alerts to publish, the disputes to raise. Its
+    def _capacity_round(self, source: CapacitySource, now: int) -> list[AlertEvent]:
+        """Clusters above capacity: the gauge, the disputes to raise, the alerts to publish. Its
         failure (a slow sweep, ClickHouse away) is logged and leaves the burn warnings alone."""
         try:
-            found = list(self.capacity()) if self.capacity is not None else []
+            found = list(source())
             self._gauge_capacity(found)
-            self.over_capacity = found
             if self.dispute is not None and found:
                 self.dispute(found)
         except Exception as exc:
-            self.capacity_error = repr(exc)
             log.warning("capacity_check_failed", error=repr(exc))
             return []
-        self.capacity_error = None
         return list(capacity_alerts(found, self.state.capacity, now))
 
-    def _gauge_capacity(self, found: Sequence[tuple[Episode, Sequence[RunOnCluster]]]) -> None:
+    def _gauge_capacity(self, found: Sequence[Found]) -> None:
         worst: dict[str, int] = {}
         for episode, _ in found:
             worst[episode.cluster] = max(worst.get(episode.cluster, 0), episode.excess)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from allmende.core.clickhouse import Database
-from allmende.domain.capacity import Episode, InUse, RunOnCluster, accounted_for, episodes
+from allmende.domain.capacity import Episode, Found, InUse, RunOnCluster, accounted_for, episodes
 
 MAX_EPISODES = 20  # per round: each costs a query of its runs
 
@@ -78,9 +78,7 @@ class CapacityQueries:
         )
         return [RunOnCluster(str(j), str(p), int(first.get(j, episode.start)), int(g)) for j, p, g in rows]
 
-    def found(
-        self, capacity: Mapping[str, int], since: int, limit: int = MAX_EPISODES
-    ) -> list[tuple[Episode, list[RunOnCluster]]]:
+    def found(self, capacity: Mapping[str, int], since: int, limit: int = MAX_EPISODES) -> list[Found]:
         """The newest `limit` episodes after `since`, each with the runs on its cluster then."""
         found = episodes(self.over_capacity(capacity, since), capacity)
         newest = sorted((replace(e, clipped=e.start <= since) for e in found), key=lambda e: -e.start)

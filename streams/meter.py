@@ -388,12 +388,17 @@ def create_app(settings: Settings) -> faust.App:
             raw = state.to_bytes()
             meters[key] = raw
             decoded.put(job_id, raw, state)
-            if emitted:
-                for value in entry_records(list(newest_per_entry(emitted).values())):
-                    out.send(ledger_entries_topic, key, value)
+            emit(out, key, emitted)
             METER_EVENTS.inc(len(items))
         await out.delivered()
         note_lag(batch)
+
+    def emit(out: _Deliveries, key: bytes, entries: list[LedgerEntry]) -> None:
+        """A job's entries to the ledger-entry topic: each entry's newest revision, in as few
+        records as fit."""
+        if entries:
+            for value in entry_records(list(newest_per_entry(entries).values())):
+                out.send(ledger_entries_topic, key, value)
 
     def note_lag(batch: list[EventT[bytes]]) -> None:
         """Per partition, the events after the batch's last (the consumer's latest high-water mark):
@@ -428,15 +433,15 @@ def create_app(settings: Settings) -> faust.App:
             if not due:
                 return
             out = _Deliveries(app)
+            sent: dict[str, int] = {}
             for job_id, stage in due:
                 raw = meters.get(job_id.encode())
                 if not raw:
                     continue  # another worker's job, or none of its events metered yet
-                entries = JobMeter.from_bytes(raw).dispute(stage)
-                for value in entry_records(entries):
-                    out.send(ledger_entries_topic, job_id.encode(), value)
-                followed[job_id] = stage
+                emit(out, job_id.encode(), JobMeter.from_bytes(raw).dispute(stage))
+                sent[job_id] = stage
             await out.delivered()
+            followed.update(sent)  # only once acknowledged: a failed tick sends them again
         except Exception as exc:  # tried again at the next tick: the entries are idempotent
             log.warning("meter_disputes_failed", error=repr(exc))
 

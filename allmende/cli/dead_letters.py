@@ -15,9 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from allmende.cli.api_client import console
-from allmende.core.dead_letters import read_letters, redrivable, redrive, select
+from allmende.core.dead_letters import mended_by_plan, read_letters, redrivable, redrive, select
 from allmende.core.settings import Settings
-from allmende.domain.usage_checks import PLAN_FIXABLE
 
 dead_letters_app = typer.Typer(
     help="Refused records (the dead-letter topic): list them by reason, re-drive a selection.",
@@ -58,7 +57,7 @@ def list_letters(
     for column in ("stage", "code", "letters", "fix"):
         summary.add_column(column)
     for (where, kind), n in sorted(counts.items()):
-        fix = "declare it in the plan, then re-drive" if kind in PLAN_FIXABLE else "the producer's"
+        fix = "declare it in the plan, then re-drive" if mended_by_plan(where, kind) else "the producer's"
         summary.add_row(where, kind, f"{n:,}", fix)
     console.print(summary)
     table = Table(title=f"the latest {min(limit, len(letters))}")

@@ -12,7 +12,6 @@ back.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import threading
 import time
@@ -26,6 +25,7 @@ from kafka import KafkaConsumer, TopicPartition
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
 from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
+from allmende.domain.usage_checks import PLAN_FIXABLE
 from allmende.schemas.dead_letter import DeadLetter
 
 REDRIVEN_FROM = "allmende-redriven-from"  # header: "<dead-letter topic>/<partition>@<offset>"
@@ -39,6 +39,19 @@ class Letter:
     letter: DeadLetter
 
 
+def letter_of(record: Any) -> Letter | None:
+    """The dead letter a record of the topic holds, at its offset; None for a record that is none."""
+    try:
+        return Letter(record.offset, DeadLetter.model_validate_json(record.value))
+    except ValueError:
+        return None
+
+
+def mended_by_plan(stage: str, kind: str) -> bool:
+    """Whether an admin mends this refusal by declaring what the plan lacks, then re-drives it."""
+    return stage == "meter" and kind in PLAN_FIXABLE
+
+
 def read_letters(settings: Settings, timeout: float = 30.0) -> list[Letter]:
     """Every dead letter on the topic, oldest first (a record that is no letter is skipped)."""
     tp = TopicPartition(settings.dead_letter_topic, 0)
@@ -46,8 +59,9 @@ def read_letters(settings: Settings, timeout: float = 30.0) -> list[Letter]:
     letters: list[Letter] = []
 
     def keep(record: Any) -> None:
-        with contextlib.suppress(ValueError):  # a record that is no letter is skipped
-            letters.append(Letter(record.offset, DeadLetter.model_validate_json(record.value)))
+        found = letter_of(record)
+        if found is not None:
+            letters.append(found)
 
     try:
         read_to_end(consumer, tp, keep, timeout)
@@ -171,13 +185,12 @@ class RefusedLetters:
             self._read_at = time.monotonic()
 
     def _keep(self, record: Any) -> None:
-        try:
-            letter = DeadLetter.model_validate_json(record.value)
-        except ValueError:
-            return  # a record that is no letter
+        found = letter_of(record)
+        if found is None:
+            return
         with self._data:
-            self._counts[(letter.stage, letter.code or "unexpected")] += 1
-            self._latest.append(Letter(record.offset, letter))
+            self._counts[(found.letter.stage, found.letter.kind)] += 1
+            self._latest.append(found)
 
     def snapshot(self) -> tuple[dict[tuple[str, str], int], list[Letter], float | None]:
         """Counts, the newest letters (newest first) and seconds since the topic's end was reached

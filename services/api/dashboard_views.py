@@ -22,7 +22,7 @@ from allmende.domain.admission_model import RunningJob
 from allmende.domain.balances import ProjectBalance
 from allmende.domain.burn_alerts import ProjectBurn
 from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate, DayCharge, Forecast, burn_rate
-from allmende.domain.capacity import Episode, RunOnCluster
+from allmende.domain.capacity import Found
 from allmende.domain.squatting import SquatRule, find_squatting
 from allmende.domain.timeslices import occurrences
 from allmende.services.admin_service import AdminService
@@ -113,7 +113,7 @@ class DashboardViews:
         clock = self.admin.store.charge_horizon()
         return min(clock, self.admin.now()) if clock > 0 else self.admin.now()
 
-    def over_capacity(self) -> list[tuple[Episode, list[RunOnCluster]]]:
+    def over_capacity(self) -> list[Found]:
         """Clusters run above their declared capacity in the look-back before the ledger's clock."""
         capacity = {name: c.gpus for name, c in self.state().clusters.items()}
         return self.capacity.found(capacity, self.ledger_clock() - self.capacity_lookback_s)

@@ -17,13 +17,12 @@ from typing import Annotated, TypedDict
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from allmende.core.dead_letters import Letter, RefusedLetters
+from allmende.core.dead_letters import Letter, RefusedLetters, mended_by_plan
 from allmende.domain.admin_state import CHARGED, DISPUTED, DROPPED, AdminRejected, Dispute, Overbooked
 from allmende.domain.allocations import default_allocation_id, period_label, quarter_bounds
 from allmende.domain.capacity import Episode, RunOnCluster, pushed_over
 from allmende.domain.plan import PlanConflict
 from allmende.domain.plan_file import PlanInvalid, rates_in_hundredths
-from allmende.domain.usage_checks import PLAN_FIXABLE
 from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
@@ -383,12 +382,10 @@ async def refused(
     counts, latest, age = letters_follower.snapshot()
     return RefusedOut(
         kinds=[
-            RefusedKind(stage=stage, code=c, count=n, redrivable=stage == "meter" and c in PLAN_FIXABLE)
+            RefusedKind(stage=stage, code=c, count=n, redrivable=mended_by_plan(stage, c))
             for (stage, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
-        letters=[
-            _letter_out(item) for item in latest if code is None or (item.letter.code or "unexpected") == code
-        ][:limit],
+        letters=[_letter_out(item) for item in latest if code is None or item.letter.kind == code][:limit],
         age_s=age,
     )
 
@@ -399,7 +396,7 @@ def _letter_out(item: Letter) -> RefusedLetterOut:
     return RefusedLetterOut(
         offset=item.offset,
         stage=letter.stage,
-        code=letter.code or "unexpected",
+        code=letter.kind,
         reason=letter.reason,
         key=key,
         source=f"{letter.source_topic}/{letter.source_partition}@{letter.source_offset}",
