@@ -56,8 +56,14 @@ class Platform:
         }
 
 
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    return wait_until(check, timeout, what, every=0.2)
+def wait_for(check: Any, timeout: float, what: str, slurm: SlurmCluster | None = None) -> Any:
+    """`wait_until`; a timeout with `slurm` given says what Slurm's queue and nodes were."""
+    try:
+        return wait_until(check, timeout, what, every=0.2)
+    except TimeoutError as exc:
+        if slurm is None:
+            raise
+        raise TimeoutError(f"{exc}\n{slurm.described()}") from None
 
 
 def running_slurm(state: Path, hooks: bool = True) -> contextlib.AbstractContextManager[SlurmCluster]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import getpass
 import json
 import os
 import re
@@ -157,6 +158,31 @@ class SlurmCluster:
 
     def ctld_log(self) -> str:
         return self.ctld_log_file.read_text(errors="replace")
+
+    def described(self) -> str:
+        """The queue, the nodes and the tail of slurmctld's log: what a failed wait reports."""
+        queue = self.run("squeue", "-h", "-o", "%i %a %q %T %r %Q %b %k").stdout.strip()
+        nodes = self.run("sinfo", "-h", "-N", "-o", "%N %T %G %E").stdout.strip()
+        alloc = self.run("scontrol", "show", "node", "-o").stdout.strip()
+        tail = self.ctld_log().splitlines()[-15:] if self.ctld_log_file.exists() else []
+        return "\n".join(
+            ["squeue:", queue or "(empty)", "sinfo:", nodes, "node:", alloc, "slurmctld.log:", *tail]
+        )
+
+    def cancel_all(self, timeout: float = 60) -> None:
+        """Cancel every job and wait until the queue is empty and every node idle: a test that
+        needs the whole node must not find another test's run on it."""
+        self.run("scancel", "-u", getpass.getuser())
+
+        def quiet() -> bool:
+            queue = self.run("squeue", "-h", "-o", "%i").stdout.split()
+            states = self.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+            return not queue and bool(states) and all(s == "idle" for s in states)
+
+        try:
+            wait_until(quiet, timeout, "Slurm's queue to empty and its nodes to be idle")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.described()}") from None
 
 
 def slurm_env(

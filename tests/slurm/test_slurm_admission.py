@@ -38,6 +38,7 @@ def _sacct_gpus(row: dict[str, str]) -> int:
 
 @pytest.fixture
 def configured(slurm: SlurmCluster, platform: Platform) -> Iterator[SlurmCluster]:
+    slurm.cancel_all()  # each test finds the node to itself
     slurm.configure(**platform.config())
     yield slurm
     slurm.configure(**platform.config())

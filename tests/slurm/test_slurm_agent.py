@@ -76,6 +76,7 @@ class RunningAgent:
 
 @pytest.fixture
 def agent(slurm: SlurmCluster, platform: Platform, tmp_path: Path) -> Iterator[RunningAgent]:
+    slurm.cancel_all()  # each test finds the node to itself
     slurm.configure(**platform.config())
     running = RunningAgent(slurm, tmp_path / "agent.err")
     try:
@@ -123,7 +124,7 @@ def test_a_drained_node_is_reported_unhealthy_and_every_job_on_it_requeued(
     jobs = (standard, high)
     try:
         for job in jobs:
-            wait_for(lambda job=job: slurm.hook_ran("prolog", job), 30, f"job {job} to start")
+            wait_for(lambda job=job: slurm.hook_ran("prolog", job), 30, f"job {job} to start", slurm)
         high_id = slurm.platform_id(high)
         assert high_id is not None
         assert platform.admission.state.decisions[high_id].priority_class == "non-preemptible"
@@ -183,7 +184,7 @@ def test_a_queued_job_is_released_once_an_admin_grants_budget(
     )
     queued = ""
     try:
-        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start")
+        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start", slurm)
         # Over budget, preemptible, no idle GPUs: queued, submitted held.
         held = slurm.sbatch(
             "-A", "poor", "--qos=preemptible", "--gres=gpu:h100:4", "-t", "120", "--wrap", "sleep 2"
@@ -210,7 +211,7 @@ def test_a_queued_job_is_released_once_an_admin_grants_budget(
             "reason": "test: more GPU-hours for broke",
         }
         ok(httpx.post(f"{platform.url}/v1/admin/allocations", json=grant, headers=ADMIN, timeout=30))
-        wait_for(lambda: not _held(slurm, queued), 30, "the queued job to be released")
+        wait_for(lambda: not _held(slurm, queued), 30, "the queued job to be released", slurm)
         assert int(slurm.squeue(queued, "%Q")) > 0
         decision = platform.admission.state.decisions[admission_id]
         assert (decision.verdict, decision.lane, decision.attempt) == ("admit", "budget", 2)
@@ -239,7 +240,7 @@ def test_an_opportunistic_job_is_requeued_when_a_project_inside_its_time_slice_w
     )
     lab = ""
     try:
-        wait_for(lambda: slurm.hook_ran("prolog", low), 30, "the opportunistic job to start")
+        wait_for(lambda: slurm.hook_ran("prolog", low), 30, "the opportunistic job to start", slurm)
         low_id = slurm.platform_id(low)
         assert low_id is not None and platform.admission.state.decisions[low_id].lane == "opportunistic"
         # slurmdbd has the run's start: a run preempted in the second it started may be
@@ -251,7 +252,7 @@ def test_an_opportunistic_job_is_requeued_when_a_project_inside_its_time_slice_w
         lab = _job_id(slurm.sbatch("-A", "lab", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 2"))
         ended = wait_for(lambda: slurm.hook_ran("epilog", low), 30, "the preempted run's epilog")
         assert "JobPreempted" in ended, ended
-        lab_id = wait_for(lambda: slurm.platform_id(lab), 30, "the time-slice job to start")
+        lab_id = wait_for(lambda: slurm.platform_id(lab), 30, "the time-slice job to start", slurm)
         decision = platform.admission.state.decisions[lab_id]
         assert (decision.verdict, decision.lane) == ("admit", "time-slice")
         assert [v.job_id for v in decision.preempt] == [low_id]
@@ -306,16 +307,16 @@ def test_freed_gpus_go_to_the_held_job_the_platforms_fair_share_ranks_first(
     blocker = _job_id(slurm.sbatch("-A", "lab", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 300"))
     first = second = ""
     try:
-        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start")
+        wait_for(lambda: slurm.hook_ran("prolog", blocker), 30, "the blocker to start", slurm)
         first = _job_id(slurm.sbatch("-A", "rich", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 1"))
         second = _job_id(slurm.sbatch("-A", "team", "--gres=gpu:h100:8", "-t", "5", "--wrap", "sleep 30"))
         assert _held(slurm, first) and _held(slurm, second)
 
         slurm.run("scancel", blocker)
         # The agent asks again in the platform's order: team's job (submitted last) gets the GPUs.
-        wait_for(lambda: not _held(slurm, second), 60, "team's job to be released")
+        wait_for(lambda: not _held(slurm, second), 60, "team's job to be released", slurm)
         assert _held(slurm, first), agent.log()
-        wait_for(lambda: slurm.hook_ran("prolog", second), 30, "team's job to start")
+        wait_for(lambda: slurm.hook_ran("prolog", second), 30, "team's job to start", slurm)
         assert _held(slurm, first)
         assert f"job {first}: " in agent.log() and "still queued" in agent.log()
     finally:
