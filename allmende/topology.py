@@ -47,6 +47,7 @@ from allmende.services.api.dashboard_views import DashboardViews
 from allmende.services.burn_alerts import BurnAlerter
 from allmende.services.dashboard_queries import DashboardQueries
 from allmende.streams.admin_log import AdminLog
+from allmende.streams.decision_writer import DecisionWriter
 from allmende.streams.fairshare_calculator import FairShareCalculator
 from allmende.streams.ledger_writer import LedgerWriter
 
@@ -66,6 +67,7 @@ API_ROLES = {
     "admission": "admission_enabled",
     "alerts": "alerts_enabled",
 }
+RETIRE_EVERY_S = 1.0  # how often admission lets go of jobs past their retention
 ADMIN_FOLLOW_S = 0.5  # how stale the dashboards' admin state may be (commands here show at once)
 
 
@@ -98,6 +100,7 @@ class Components:
     admin: AdminService
     dashboard: DashboardViews
     writer: LedgerWriter | None = None
+    decision_writer: DecisionWriter | None = None  # beside the ledger writer: every decision kept
     fairshare: FairShareCalculator | None = None
     admission: AdmissionService | None = None
     alerter: BurnAlerter | None = None
@@ -114,11 +117,13 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     store = LedgerStore(db, sole_writer=s.writer_enabled and db.embedded)
     await run_in_threadpool(ensure_topics, s)
     admin_log = AdminLog(s)
-    writer = None
+    writer = decision_writer = None
     if s.writer_enabled:
         # One admin log for both: a policy the API publishes is the writer's next price list.
         writer = LedgerWriter(s, store, admin_log=admin_log)
         writer.start()
+        decision_writer = DecisionWriter(s, store)
+        decision_writer.start()
     await run_in_threadpool(admin_log.catch_up)
     fairshare = None
     if s.fairshare_enabled or s.admission_enabled:
@@ -157,9 +162,17 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         # Often, so releases come in small batches instead of one burst that would stall the
         # decisions waiting behind it.
         loops.append(_every(0.25, "hold_release", admission.release_due))
+        # Ended jobs leave memory once their retention has passed (a heap: costs what is due).
+        # Not while the decision history is behind: a decision leaves memory once the store has it
+        # (with a ClickHouse server, `allmende writer` keeps the history; its lag is not seen here).
+        history = decision_writer.caught_up if decision_writer is not None else None
+        loops.append(
+            _every(RETIRE_EVERY_S, "retire", lambda: run_in_threadpool(admission.retire_ended, history))
+        )
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
-        writer=writer, fairshare=fairshare, admission=admission, alerter=alerter,
+        writer=writer, decision_writer=decision_writer, fairshare=fairshare, admission=admission,
+        alerter=alerter,
         refused=RefusedLetters(s), tasks=[asyncio.create_task(loop) for loop in loops],
     )  # fmt: skip
     log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
@@ -177,6 +190,8 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
             await run_in_threadpool(fairshare.stop)
         if writer is not None:
             await run_in_threadpool(writer.stop)
+        if decision_writer is not None:
+            await run_in_threadpool(decision_writer.stop)
         await run_in_threadpool(admin_log.close)
         if components.refused is not None:
             await run_in_threadpool(components.refused.close)
@@ -196,7 +211,13 @@ def run_writer(s: Settings) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    LedgerWriter(s, LedgerStore(db)).run_forever(stop)
+    store = LedgerStore(db)
+    decisions = DecisionWriter(s, store)
+    decisions.start()
+    try:
+        LedgerWriter(s, store).run_forever(stop)
+    finally:
+        decisions.stop()
 
 
 def meter_env(settings: Settings) -> dict[str, str]:
@@ -209,6 +230,7 @@ def meter_env(settings: Settings) -> dict[str, str]:
         "ALLMENDE_METER_APP_ID": settings.meter_app_id,
         "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
         "ALLMENDE_CLOCK_SKEW_S": str(settings.clock_skew_s),
+        "ALLMENDE_ENDED_JOB_RETENTION_S": str(settings.ended_job_retention_s),
         "ALLMENDE_LOG_LEVEL": "INFO",
         "ALLMENDE_LOG_JSON": "false",
     }
@@ -248,6 +270,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "store",
                 "tokens",
                 "writer",
+                "decision_writer",
                 "fairshare",
                 "admission",
                 "admin",

@@ -9,12 +9,19 @@ A job occupies GPUs of its cluster from its admission (a reservation, until it s
 start deadline passes) or its start, until it is preempted or finishes. A hold is spent by the
 job's charges as they reach the ledger (two-phase: placed at admission, converted by usage,
 released when the job ends or never started).
+
+Memory holds what is live plus one retention period (`retire`): a job that ended, or was decided
+and never ran, is let go of once `retention_s` has passed since its last event. The admission log
+and ClickHouse keep its history. A later copy of an event of a job let go of (older than the last
+event of a job let go of from the same partition) is ignored (`observe` returns False): it cannot
+make a retired job run again. A live producer's event is that old only when it comes a whole
+retention late; the meter dead-letters those.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
@@ -83,6 +90,7 @@ class JobSeen:
     busy_read_at: int = 0
     low_read_at: int = 0
     idle_since: int | None = None  # squatting since then (AdmissionState.squat), else None
+    partition: int = -1  # of its job events (-1: none seen)
     _running: RunningJob | None = field(default=None, repr=False, compare=False)
 
     def may_hold_gpus(self) -> bool:
@@ -140,7 +148,17 @@ class AdmissionState:
     holds: dict[str, Hold] = field(default_factory=dict)
     jobs: dict[str, JobSeen] = field(default_factory=dict)
     unhealthy: set[tuple[str, str]] = field(default_factory=set)
-    _seen: set[str] = field(default_factory=set)
+    # Event ids folded, per job (let go of with it) and of host reports (id -> instant, let go of
+    # after the retention): a copy of an event in the log counts once.
+    _seen: dict[str, set[str]] = field(default_factory=dict)
+    _seen_hosts: dict[str, int] = field(default_factory=dict)
+    # None: nothing is let go of (the simulator's runs). Else the retention in seconds, with a heap
+    # of (instant the job may be let go of, job) and each job-event partition's clock.
+    retention_s: int | None = None
+    _retire_at: list[tuple[int, str]] = field(default_factory=list)
+    # Per job-event partition, the latest last event of a job let go of: older events of jobs
+    # not held are late copies.
+    _retired_through: dict[int, int] = field(default_factory=dict)
     # Indexes, so a decision costs what the cluster holds now, not everything ever admitted.
     live: dict[str, ClusterLoad] = field(default_factory=dict)  # cluster -> jobs on it
     active_holds: dict[str, dict[str, Hold]] = field(default_factory=dict)  # project -> job -> hold
@@ -198,11 +216,16 @@ class AdmissionState:
     def apply(self, event: AdmissionEvent) -> bool:
         """Fold one admission event (each id once); False for a duplicate, or for a release of
         no hold, which stays unseen: a copy of it after the hold is the one that counts."""
-        if event.event_id in self._seen:
+        job_id = getattr(event, "job_id", None)
+        if event.event_id in (self._seen.get(job_id, ()) if job_id is not None else self._seen_hosts):
             return False
         if isinstance(event, HoldReleased) and event.job_id not in self.holds:
             return False
-        self._seen.add(event.event_id)
+        if job_id is not None:
+            self._seen.setdefault(job_id, set()).add(event.event_id)
+            self._retire_later(event.occurred_at, job_id)
+        else:
+            self._seen_hosts[event.event_id] = event.occurred_at
         match event:
             case AdmissionDecided():
                 self.decisions[event.job_id] = event
@@ -255,8 +278,8 @@ class AdmissionState:
         """Take back a tentative decision and hold: the state is as if they had never come (the
         same events, appended to the log too late, are void there as well)."""
         for event in tentative.events:
-            self._seen.discard(event.event_id)
             job_id = event.job_id
+            self._seen.get(job_id, set()).discard(event.event_id)
             if isinstance(event, HoldPlaced):
                 hold = self.holds.get(job_id)
                 if hold is not None and not hold.released:
@@ -288,19 +311,31 @@ class AdmissionState:
             )
         self._reindex(job)
 
-    def observe(self, event: JobEvent) -> None:
-        """Fold one job lifecycle event, in any order: the latest by (time, rank) decides."""
-        job = self.jobs.setdefault(event.job_id, JobSeen(event.job_id))
+    def observe(self, event: JobEvent, partition: int = 0) -> bool:
+        """Fold one job lifecycle event, in any order: the latest by (time, rank) decides. False
+        (ignored) for a timed event of a job not held that is older than the last event of a job
+        let go of from the same partition (a job's events share one): a late copy, which must
+        not bring a job let go of back as running. (A submission carries the instant the job
+        was queued: never late.)"""
+        job = self.jobs.get(event.job_id)
+        if job is None and not isinstance(event, JobSubmitted):
+            through = self._retired_through.get(partition)
+            if through is not None and event.occurred_at < through:
+                return False
+        if job is None:
+            job = self.jobs[event.job_id] = JobSeen(event.job_id)
+            self._retire_later(event.occurred_at, event.job_id)
+        job.partition = partition
         if isinstance(event, JobUsageSample):
             if self.squat is None:
-                return  # a reading changes nothing else admission knows
+                return True  # a reading changes nothing else admission knows
             if self.squat.idle(utilization_bp(event.gpu_utilization)):
                 job.low_read_at = max(job.low_read_at, event.occurred_at)
             else:
                 job.busy_read_at = max(job.busy_read_at, event.occurred_at)
             if self._idle(job):
                 self._reindex(job)
-            return
+            return True
         match event:
             case JobSubmitted():
                 if not job.cluster:  # an admission decision knows better, if there was one
@@ -325,8 +360,11 @@ class AdmissionState:
                 job.finished = True
                 job.last = max(job.last, (event.occurred_at, _FINISHED))
                 job.started = False
+        if isinstance(event, JobPreempted | JobFinished):
+            self._retire_later(event.occurred_at, job.job_id)
         self._idle(job)
         self._reindex(job)
+        return True
 
     def adopt(self, jobs: Mapping[str, JobSeen]) -> None:
         """Take the lifecycle folded elsewhere (job events read while the own log was replayed)."""
@@ -350,6 +388,70 @@ class AdmissionState:
                 self._reindex(held)
             if held is not None and seen.preemptions:
                 held.preemptions = tuple(sorted(set(held.preemptions) | set(seen.preemptions)))
+
+    # -- letting go ---------------------------------------------------------------------------
+    def _retire_later(self, at: int, job_id: str) -> None:
+        if self.retention_s is not None:
+            heapq.heappush(self._retire_at, (at + self.retention_s, job_id))
+
+    def _last_activity(self, job_id: str, start_deadline_s: int) -> int | None:
+        """The job's latest instant (a reservation's: its start deadline), or None while it runs
+        or has a hold (released first, by `releasable`'s rules: then it may go)."""
+        hold = self.holds.get(job_id)
+        if hold is not None and not hold.released:
+            return None
+        decided = self.decisions.get(job_id)
+        last = decided.occurred_at if decided is not None else 0
+        job = self.jobs.get(job_id)
+        if job is not None:
+            if job.started:
+                return None
+            last = max(
+                last, job.last[0], job.busy_read_at, job.low_read_at, *(at for at, _ in job.preemptions)
+            )
+            if job.may_hold_gpus():  # admitted, not started: holds its GPUs until its start deadline
+                last = max(last, (job.admitted_at or 0) + start_deadline_s)
+        return last
+
+    def retire(self, now: int, start_deadline_s: int, busy: Container[str] = ()) -> list[str]:
+        """Let go of the jobs whose last event is `retention_s` or more before `now` and that hold
+        no GPUs and no hold (ended, never started, queued or rejected and not asked again), but
+        those in `busy` (a decision on its way to the log). Returns their ids. Costs what is due:
+        jobs come off a heap of instants; one with a later event goes back on it."""
+        if self.retention_s is None:
+            return []
+        retired: list[str] = []
+        while self._retire_at and self._retire_at[0][0] <= now:
+            _, job_id = heapq.heappop(self._retire_at)
+            if job_id not in self.jobs and job_id not in self.decisions:
+                continue  # let go of already (a job has several entries on the heap)
+            last = self._last_activity(job_id, start_deadline_s)
+            if last is None or job_id in busy:
+                continue  # its end, start deadline or release pushes it again
+            if last + self.retention_s > now:
+                heapq.heappush(self._retire_at, (last + self.retention_s, job_id))
+                continue
+            job = self.jobs.get(job_id)
+            if job is not None and job.partition >= 0:
+                through = self._retired_through.get(job.partition, last)
+                self._retired_through[job.partition] = max(through, last)
+            self._forget(job_id)
+            retired.append(job_id)
+        horizon = now - self.retention_s
+        for event_id in [e for e, at in self._seen_hosts.items() if at <= horizon]:
+            del self._seen_hosts[event_id]
+        return retired
+
+    def _forget(self, job_id: str) -> None:
+        self.decisions.pop(job_id, None)
+        self.jobs.pop(job_id, None)
+        self.holds.pop(job_id, None)
+        self._seen.pop(job_id, None)
+        self.preempted.discard(job_id)
+        self._ended.discard(job_id)
+        self._due.pop(job_id, None)
+        for load in self.live.values():
+            load.pop(job_id)
 
     # -- reads --------------------------------------------------------------------------------
     def load_on(self, cluster: str, now: int, start_deadline_s: int) -> ClusterLoad:

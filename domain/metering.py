@@ -205,6 +205,13 @@ class JobMeter:
         return self.entries()
 
     # -- queries ------------------------------------------------------------------------------
+    def last_instant(self) -> int | None:
+        """The latest boundary's instant once the job has finished (a finish is final: no run
+        follows it), else None: a job still running or waiting is never let go of."""
+        if not any(b[1] == FINISH for b in self.boundaries):
+            return None
+        return int(max(b[0] for b in self.boundaries))
+
     def entries(self) -> list[LedgerEntry]:
         attribution = self._attribution()
         return [self._entry(i, attribution) for i in range(len(self.boundaries))]

@@ -93,6 +93,36 @@ def encode_entries(entries: list[LedgerEntry]) -> bytes:
     return orjson.dumps(entries)  # orjson serialises dataclasses natively, far faster than asdict
 
 
+def encode_retired(job_id: str, at: int) -> bytes:
+    """The meter's word that a job's entries are final (`{"retired": job, "at": clock}`): it let go
+    of the job's state, so no revision of them can follow on the topic. Readers may let go of what
+    they keep per entry of the job (its totals stay)."""
+    return orjson.dumps({"retired": job_id, "at": at})
+
+
+def retired_marker(raw: bytes | None) -> tuple[str, int] | None:
+    """(job, the meter's clock) of a `retired` record, or None for any other record (entries
+    are arrays)."""
+    if not raw or raw[:1] != b"{":
+        return None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    job, at = data.get("retired"), data.get("at")
+    if not (isinstance(job, str) and job and type(at) is int):
+        return None
+    return job, at
+
+
+def retired_job(raw: bytes | None) -> str | None:
+    """The job a ledger-entry record retires, or None for any other record."""
+    marker = retired_marker(raw)
+    return marker[0] if marker is not None else None
+
+
 def decode_entries(raw: bytes) -> list[LedgerEntry]:
     """Entries of one ledger-entry record; ValueError/TypeError when it is not one."""
     data = orjson.loads(raw)

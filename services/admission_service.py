@@ -41,7 +41,14 @@ from allmende.core.kafka_reading import (
     record_by_header,
     replaying_consumer,
 )
-from allmende.core.metrics import ADMISSION, ADMISSION_DECIDE_SECONDS, ADMISSION_DECISIONS, register
+from allmende.core.metrics import (
+    ADMISSION,
+    ADMISSION_DECIDE_SECONDS,
+    ADMISSION_DECISIONS,
+    ADMISSION_LATE_EVENTS,
+    ADMISSION_RETIRED_JOBS,
+    register,
+)
 from allmende.core.settings import Settings
 from allmende.domain.admission import decide
 from allmende.domain.admission_model import (
@@ -140,7 +147,7 @@ class AdmissionService:
     def _new_state(self) -> AdmissionState:
         s = self.settings
         squat = SquatRule.of(s.squat_max_utilization, s.squat_grace_s) if s.squat_reclaim else None
-        return AdmissionState(squat=squat)
+        return AdmissionState(squat=squat, retention_s=s.ended_job_retention_s)
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,13 +220,13 @@ class AdmissionService:
                     for records in polled.values():
                         for record in records:
                             try:
-                                events.append(parse_job_event(record.value))
+                                events.append((parse_job_event(record.value), record.partition))
                             except ContractError:
                                 continue  # the meter dead-letters it; admission only needs the valid ones
                     if events:
                         with self._lock:
-                            for event in events:
-                                self.state.observe(event)
+                            late = sum(not self.state.observe(e, partition) for e, partition in events)
+                        ADMISSION_LATE_EVENTS.inc(late)
                     self._jobs_lag.check(consumer, partitions)
             except Exception as exc:  # Kafka away: start over, the fold is order-free
                 self.last_error = repr(exc)
@@ -227,6 +234,20 @@ class AdmissionService:
                 self._stop.wait(2.0)
             finally:
                 consumer.close(autocommit=False)
+
+    def retire_ended(self, history: threading.Event | None = None) -> list[str]:
+        """Let go of the jobs that ended (or never ran) a retention period ago: memory holds what
+        is live; the admission log and ClickHouse keep the rest (the route reads it there). Not
+        while the job events are being read (a job that looks ended may run) nor while the
+        decision history (`history`: its writer caught up) is behind."""
+        if not self.jobs_caught_up.is_set() or (history is not None and not history.is_set()):
+            return []
+        with self._lock:
+            retired = self.state.retire(self.now(), self.settings.admission_start_deadline_s, self._inflight)
+        if retired:
+            ADMISSION_RETIRED_JOBS.inc(len(retired))
+            log.info("admission_jobs_retired", jobs=len(retired), held=len(self.state.jobs))
+        return retired
 
     def _submit(
         self, events: Sequence[AdmissionEvent], record_by: int | None = None

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import operator
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import structlog
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.producer.future import FutureRecordMetadata
 
-from allmende.core.kafka_reading import LagWatch, wait_for_partitions
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.metrics import (
     WRITER,
@@ -44,8 +41,9 @@ from allmende.core.settings import Settings
 from allmende.domain.charging import PolicyTimeline, flat_policy
 from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.dead_letter import DeadLetter
-from allmende.schemas.ledger import LedgerEntry, decode_entries
+from allmende.schemas.ledger import LedgerEntry, decode_entries, retired_job
 from allmende.streams.admin_log import AdminLog
+from allmende.streams.offsets_beside_data import OffsetsBesideData
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +86,10 @@ class _JobCache:
         for entry in entries:
             self._jobs.setdefault(entry.job_id, {})[entry.entry_id] = entry
 
+    def forget(self, job_ids: Iterable[str]) -> None:
+        for job_id in job_ids:
+            self._jobs.pop(job_id, None)
+
     def clear(self) -> None:
         self._jobs.clear()
 
@@ -120,7 +122,9 @@ def postable_entries(value: bytes | None) -> list[LedgerEntry]:
     return entries
 
 
-class LedgerWriter:
+class LedgerWriter(OffsetsBesideData):
+    thread_name = "ledger-writer"
+
     def __init__(
         self,
         settings: Settings,
@@ -129,8 +133,9 @@ class LedgerWriter:
         admin_log: AdminLog | None = None,
     ) -> None:
         register(WRITER)
-        self.settings = settings
-        self.store = store
+        super().__init__(
+            settings, store, settings.ledger_entries_topic, consumer_name or settings.writer_group
+        )
         # The policy timeline comes from the admin log, read to its end before every batch.
         self.admin_log = admin_log
         self._owns_admin_log = admin_log is None
@@ -138,15 +143,7 @@ class LedgerWriter:
         # it too, so no batch can charge usage past the policy's start while the policy is checked
         # against the charge horizon and published.
         self.posting_lock = threading.Lock()
-        self.topic = settings.ledger_entries_topic
-        self.consumer_name = consumer_name or settings.writer_group
         self._cache = _JobCache(store)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lag = LagWatch()
-        self.caught_up = self._lag.caught_up
-        self.batches = 0
-        self.last_error: str | None = None
 
     # -- one batch (pure of Kafka: testable and reused by replays) -----------------------------
     def post_batch(
@@ -158,7 +155,12 @@ class LedgerWriter:
         """Post (partition, offset, key, value) records; returns counts. Offsets not saved here."""
         entries: list[LedgerEntry] = []
         refused = 0
+        retired: list[str] = []
         for partition, offset, key, value in records:
+            job = retired_job(value)
+            if job is not None:  # the meter let go of the job: its entries are final
+                retired.append(job)
+                continue
             # Whatever a record holds, it is refused here or posts below: nothing it holds may
             # raise out of the batch (the loop would retry the same batch for ever).
             try:
@@ -187,6 +189,7 @@ class LedgerWriter:
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
         self._cache.accept(accepted.values())
+        self._cache.forget(retired)  # after `accept`: the job's last entries may share the batch
         WRITER_ENTRIES_READ.inc(len(records))
         WRITER_ENTRIES_STALE.inc(len(entries) - len(accepted))
         WRITER_POSTINGS_WRITTEN.inc(len(postings))
@@ -194,27 +197,8 @@ class LedgerWriter:
         return BatchResult(len(records), len(postings), refused)
 
     # -- the loop ------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.run_forever, args=(self._stop,), name="ledger-writer", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def run_forever(self, stop: threading.Event) -> None:
-        """`run`, restarted after failures (Kafka or ClickHouse away) until `stop` is set."""
-        while not stop.is_set():
-            try:
-                self.run(stop)
-                self.last_error = None
-            except Exception as exc:  # keep the ledger process alive; Kafka may come back
-                self.last_error = repr(exc)
-                log.exception("ledger_writer_failed", error=repr(exc))
-                stop.wait(2.0)
+    def _revoked(self) -> None:
+        self._cache.clear()  # another writer may post these jobs now
 
     def run(self, stop: threading.Event) -> None:
         s = self.settings
@@ -226,25 +210,10 @@ class LedgerWriter:
         if self.admin_log is None:
             self.admin_log = AdminLog(s, dead_letters=False)
         admin_log = self.admin_log
-        consumer = KafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap_servers,
-            group_id=self.consumer_name,
-            client_id=f"{self.consumer_name}-{threading.get_ident()}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=s.writer_batch_max,
-            fetch_max_bytes=64 * 1024 * 1024,
-            max_partition_fetch_bytes=16 * 1024 * 1024,
+        consumer = self._consumer(
+            fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024
         )
         producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, linger_ms=20)
-        writer = self
-
-        class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-            def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-                writer._cache.clear()  # another writer may post these jobs now
-
-            def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-                writer._seek_to_stored(consumer, assigned)
 
         # Dead letters of the batch in hand. `flush` waits until each is done, delivered or not;
         # each is checked before the offsets are saved, so a letter the broker did not take fails
@@ -254,18 +223,11 @@ class LedgerWriter:
         def dead_letter(record: DeadLetter) -> None:
             letters.append(producer.send(s.dead_letter_topic, value=record.to_json()))
 
-        if s.writer_mode == "group":
-            consumer.subscribe([self.topic], listener=_Rebalance())
-        else:
-            # The only writer (always so with embedded chDB): take every partition, no group
-            # coordination, no rebalances, nothing that can stall on a missed heartbeat.
-            partitions = wait_for_partitions(consumer, self.topic)
-            consumer.assign(partitions)
-            self._seek_to_stored(consumer, partitions)
+        self._attach(consumer)
         self.last_error = None  # Kafka answers again: a failure before is over (no batch may come)
         try:
             while not stop.is_set():
-                records = self._take(consumer, stop)
+                records = [(r.partition, r.offset, r.key, r.value) for r in self._take(consumer, stop)]
                 if records:
                     with WRITER_BATCH_SECONDS.time(), self.posting_lock:
                         admin_log.catch_up()
@@ -289,31 +251,6 @@ class LedgerWriter:
             if self._owns_admin_log:
                 admin_log.close()
                 self.admin_log = None
-
-    def _seek_to_stored(self, consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
-        """Resume from the offsets saved beside the ledger, not from Kafka's committed ones."""
-        stored = self.store.offsets(self.consumer_name, self.topic)
-        for tp in partitions:
-            if tp.partition in stored:
-                consumer.seek(tp, stored[tp.partition])
-            else:
-                consumer.seek_to_beginning(tp)
-
-    def _take(
-        self, consumer: KafkaConsumer, stop: threading.Event
-    ) -> list[tuple[int, int, bytes | None, bytes]]:
-        """Up to writer_batch_max records, waiting at most writer_batch_wait_ms for more."""
-        s = self.settings
-        deadline = time.monotonic() + s.writer_batch_wait_ms / 1000
-        records: list[tuple[int, int, bytes | None, bytes]] = []
-        while len(records) < s.writer_batch_max and not stop.is_set():
-            wait_ms = int((deadline - time.monotonic()) * 1000)
-            if wait_ms <= 0:
-                break
-            polled = consumer.poll(timeout_ms=wait_ms, max_records=s.writer_batch_max - len(records))
-            for tp_records in polled.values():
-                records.extend((r.partition, r.offset, r.key, r.value) for r in tp_records)
-        return records
 
     def _update_lag(self, consumer: KafkaConsumer) -> None:
         behind = self._lag.check(consumer, list(consumer.assignment()))

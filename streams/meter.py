@@ -12,16 +12,24 @@ bounded, so it always fits on its topic; and a batch ends (faust then acks its e
 commits them later) only once the broker has acknowledged every ledger entry and dead letter it
 produced (`_Deliveries`). What cannot be made durable ends the process before any ack
 (`_end_before_acks`).
+
+The table holds what is live plus one retention period (`_Retirement`): a finished job's state is
+deleted (a tombstone in the changelog, so a recovering worker does not load it) once its
+partition's stream is `ended_job_retention_s` past the job's last instant, and a `retired` record
+on the ledger-entry topic tells the readers its entries are final. A timed event of a job the
+table does not hold, that far behind its partition, is dead-lettered (`retired`): it cannot be
+told from a change to a job let go of, and nothing is charged for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import sys
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterable, Awaitable
+from collections.abc import AsyncIterable, Awaitable, Collection
 from typing import Any, NoReturn
 
 import faust
@@ -29,16 +37,25 @@ import structlog
 from aiokafka.errors import KafkaTimeoutError
 from faust.exceptions import ProducerSendError
 from faust.types import TP, EventT, RecordMetadata
+from kafka.partitioner.default import murmur2
 
-from allmende.core.metrics import METER, METER_DEAD_LETTERS, METER_EVENTS, METER_LAG_RECORDS, register
+from allmende.core.metrics import (
+    METER,
+    METER_DEAD_LETTERS,
+    METER_EVENTS,
+    METER_LAG_RECORDS,
+    METER_LATE_EVENTS,
+    METER_RETIRED_JOBS,
+    register,
+)
 from allmende.core.settings import Settings
-from allmende.domain.admin_state import AdminState
+from allmende.domain.admin_state import DISPUTED, AdminState
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
 from allmende.domain.usage_checks import ImpossibleUsage, PlanView, check_event
 from allmende.schemas.dead_letter import DeadLetter
-from allmende.schemas.events import ContractError, JobEvent, parse_job_event
-from allmende.schemas.ledger import LedgerEntry, encode_entries
+from allmende.schemas.events import ContractError, JobEvent, JobSubmitted, parse_job_event
+from allmende.schemas.ledger import LedgerEntry, encode_entries, encode_retired
 from allmende.streams.admin_log import AdminLog
 
 log = structlog.get_logger(__name__)
@@ -214,6 +231,63 @@ class _Plan:
         return self._view
 
 
+class _Retirement:
+    """When the meter lets go of finished jobs: per partition, the stream's clock (the latest
+    instant of an event metered from it: a replay of the past retires as the live run did) and a
+    heap of (instant the job may go, job). After an assignment the table's jobs are indexed
+    again (`index`): a recovered table brings no heap."""
+
+    def __init__(self, retention_s: int, partitions: int) -> None:
+        self.retention_s = retention_s
+        self.partitions = partitions
+        self.clocks: dict[int, int] = {}
+        self._due: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        self.indexed = False
+
+    def partition_of(self, key: bytes) -> int:
+        """The partition a key's events and table row are on (the producers' murmur2)."""
+        return int(murmur2(key) & 0x7FFFFFFF) % self.partitions
+
+    def horizon(self, partition: int) -> int | None:
+        """Events on the partition at or before this instant are past the retention (None: no clock yet)."""
+        clock = self.clocks.get(partition)
+        return None if clock is None else clock - self.retention_s
+
+    def saw(self, partition: int, at: int) -> None:
+        if at > self.clocks.get(partition, at - 1):
+            self.clocks[partition] = at
+
+    def follow(self, partition: int, job_id: str, state: JobMeter) -> None:
+        last = state.last_instant()
+        if last is not None:
+            self.later(partition, last + self.retention_s, job_id)
+
+    def later(self, partition: int, at: int, job_id: str) -> None:
+        heapq.heappush(self._due[partition], (at, job_id))
+
+    def index(self, table: Any) -> None:
+        """Every finished job of the table onto its partition's heap, and each partition's clock
+        from the latest instant its jobs hold."""
+        self._due.clear()
+        for key, raw in list(table.items()):
+            if not raw:
+                continue
+            state = JobMeter.from_bytes(raw)
+            partition = self.partition_of(key)
+            if state.boundaries:
+                self.saw(partition, max(b[0] for b in state.boundaries))
+            self.follow(partition, state.job_id, state)
+        self.indexed = True
+        log.info("meter_table_indexed", jobs=len(table), clocks=self.clocks)
+
+    def due(self, partition: int) -> list[str]:
+        """The jobs whose time to go has come on the partition (each checked again by the caller)."""
+        clock, heap, found = self.clocks.get(partition), self._due.get(partition), []
+        while clock is not None and heap and heap[0][0] <= clock:
+            found.append(heapq.heappop(heap)[1])
+        return found
+
+
 def _end_before_acks(exc: Exception, batch: list[EventT[bytes]]) -> NoReturn:
     """End the worker at once: the batch's events must not be acked.
 
@@ -238,6 +312,14 @@ def _end_before_acks(exc: Exception, batch: list[EventT[bytes]]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_BATCH_FAILED)
+
+
+def _late(job_id: str, at: int, horizon: int) -> str:
+    return (
+        f"job {job_id}: the meter holds no state for it and this event (at {at}) is at or before "
+        f"{horizon}, the retention (ALLMENDE_ENDED_JOB_RETENTION_S) behind its partition's stream: "
+        "the job ended and was let go of, or the event comes too late to be metered"
+    )
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -284,6 +366,12 @@ def create_app(settings: Settings) -> faust.App:
 
     decoded = _DecodedMeters()
     plan = _Plan(settings)
+    retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
+
+    async def _assigned(sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
+        retirement.indexed = False  # the table changes with the assignment: index it again
+
+    app.on_partitions_assigned.connect(_assigned)
 
     def refuse(out: _Deliveries, event: EventT[bytes], reason: str, code: str) -> None:
         METER_DEAD_LETTERS.inc()
@@ -334,12 +422,19 @@ def create_app(settings: Settings) -> faust.App:
         items: list[tuple[EventT[bytes], JobEvent]],
         in_force: PlanView,
         now: int,
+        horizon: int | None,
     ) -> tuple[JobMeter, list[LedgerEntry]]:
         """The job's state with the batch's events applied, and the entries they emitted."""
         state = decoded.get(job_id, raw)
         emitted: list[LedgerEntry] = []
         applied: list[JobEvent] = []
         for event, parsed in items:
+            # A submission carries the instant the job was queued (days ago, perhaps): not late.
+            late = raw is None and horizon is not None and parsed.occurred_at <= horizon
+            if late and horizon is not None and not isinstance(parsed, JobSubmitted):
+                METER_LATE_EVENTS.inc()
+                refuse(out, event, _late(job_id, parsed.occurred_at, horizon), "retired")
+                continue
             try:
                 check_event(parsed, in_force, now, settings.clock_skew_s)
                 emitted.extend(state.apply(parsed))
@@ -376,6 +471,8 @@ def create_app(settings: Settings) -> faust.App:
         """
         out = _Deliveries(app)
         in_force, now = await plan.current(), int(time.time())
+        if not retirement.indexed:
+            retirement.index(meters)
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
         for event in batch:
             parsed = parsed_or_refused(out, event)
@@ -384,14 +481,58 @@ def create_app(settings: Settings) -> faust.App:
         for job_id, items in by_job.items():
             key = job_id.encode()
             raw = meters.get(key)
-            state, emitted = metered(out, job_id, raw, items, in_force, now)
+            partition = items[0][0].message.partition
+            horizon = retirement.horizon(partition)
+            state, emitted = metered(out, job_id, raw, items, in_force, now, horizon)
+            if raw is None and not state.boundaries and state.submitted is None:
+                continue  # every event refused: nothing to keep
             raw = state.to_bytes()
             meters[key] = raw
             decoded.put(job_id, raw, state)
             emit(out, key, emitted)
+            retirement.follow(partition, job_id, state)
             METER_EVENTS.inc(len(items))
+        for items in by_job.values():  # the clocks move once the batch is judged by them
+            for event, parsed in items:
+                if not isinstance(parsed, JobSubmitted) and parsed.occurred_at <= now + settings.clock_skew_s:
+                    retirement.saw(event.message.partition, parsed.occurred_at)
+        retire(out, in_force, by_job.keys())
         await out.delivered()
         note_lag(batch)
+
+    def retire(out: _Deliveries, in_force: PlanView, touched: Collection[str]) -> None:
+        """Delete the finished jobs whose time has come from the table (a tombstone each) and say
+        so on the ledger-entry topic, after every entry of theirs: those of earlier batches are
+        acknowledged already, and a job this batch touched waits for a later one."""
+        retired = 0
+        # Only the partitions this worker meters: its table may hold standby copies of others.
+        owned = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == job_events_topic}
+        for partition in [p for p in retirement.clocks if p in owned]:
+            for job_id in retirement.due(partition):
+                key = job_id.encode()
+                raw = meters.get(key)
+                if not raw:
+                    continue  # gone already (the heap may hold a job twice)
+                state = decoded.get(job_id, raw)
+                stage = in_force.disputes.get(job_id)
+                unsettled = stage is not None and (followed.get(job_id) != stage or stage == DISPUTED)
+                if job_id in touched or unsettled:
+                    # Kept: a later batch lets it go (an open dispute keeps it: its resolution
+                    # re-emits the job's entries from this state).
+                    decoded.put(job_id, raw, state)
+                    retirement.later(partition, retirement.clocks[partition] + 1, job_id)
+                    continue
+                last = state.last_instant()
+                if last is None or last + retirement.retention_s > retirement.clocks[partition]:
+                    decoded.put(job_id, raw, state)
+                    retirement.follow(partition, job_id, state)
+                    continue
+                del meters[key]
+                out.send(ledger_entries_topic, key, encode_retired(job_id, retirement.clocks[partition]))
+                retired += 1
+        if retired:
+            METER_RETIRED_JOBS.inc(retired)
+            log.info("meter_jobs_retired", jobs=retired, clocks=retirement.clocks)
 
     def emit(out: _Deliveries, key: bytes, entries: list[LedgerEntry]) -> None:
         """A job's entries to the ledger-entry topic: each entry's newest revision, in as few
@@ -446,5 +587,6 @@ def create_app(settings: Settings) -> faust.App:
             log.warning("meter_disputes_failed", error=repr(exc))
 
     ledger_entries_topic = ledger_entries.get_topic_name()
+    job_events_topic = job_events.get_topic_name()
     dead_letters_topic = settings.dead_letter_topic
     return app

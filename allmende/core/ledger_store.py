@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
 from allmende.domain.postings import Posting, PostingKind
+from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
 from allmende.schemas.ledger import LedgerEntry
 
 _POSTING_COLUMNS = (
@@ -39,6 +40,20 @@ _POSTING_COLUMNS = (
     "pred_event_id",
     "utilization_bp",
     "idle_units",
+)
+# Admission decisions (`admission_decisions`, migration 0009): every one ever recorded.
+_DECISION_COLUMNS = (
+    "job_id",
+    "attempt",
+    "occurred_at",
+    "project",
+    "user",
+    "cluster",
+    "verdict",
+    "lane",
+    "event_id",
+    "log_offset",
+    "event",
 )
 _EPOCH = dt.date(1970, 1, 1)
 _DAY = 86_400
@@ -502,3 +517,53 @@ class LedgerStore:
             },
         )
         return [(parts[seg - 1][0], c, g, int(u), int(s)) for seg, c, g, u, s in found]
+
+    # -- admission decisions (streams/decision_writer.py writes them) --------------------------
+    def append_decisions(self, decisions: Sequence[tuple[int, AdmissionDecided]]) -> None:
+        """(offset in the admission log, decision) pairs, as one INSERT. Idempotent in effect: a
+        decision written again is the same row of `admission_decisions` once read with FINAL."""
+        rows = [
+            (
+                d.job_id,
+                d.attempt,
+                d.occurred_at,
+                d.project,
+                d.user,
+                d.cluster,
+                d.verdict,
+                d.lane or "",
+                d.event_id,
+                offset,
+                encode_admission_event(d).decode(),
+            )
+            for offset, d in decisions
+        ]
+        self.db.insert("admission_decisions", rows, _DECISION_COLUMNS)
+
+    def decision(self, job_id: str) -> AdmissionDecided | None:
+        """The job's decision as the admission log holds it: its latest there (what the admission
+        service answers while it keeps the job in memory), or None if it was never decided."""
+        found = self.db.rows(
+            "SELECT event FROM {db}.admission_decisions FINAL WHERE job_id = {j:String}"
+            " ORDER BY log_offset DESC LIMIT 1",
+            {"j": job_id},
+        )
+        return _decided(found[0][0]) if found else None
+
+    def decisions_of(self, project: str, since: int = 0, limit: int = 1000) -> list[AdmissionDecided]:
+        """The project's decisions (every attempt) made at or after `since`, oldest first, at most
+        `limit`. Reads every decision's row since then (the table is ordered by job)."""
+        found = self.db.rows(
+            "SELECT event FROM {db}.admission_decisions FINAL"
+            " WHERE project = {p:String} AND occurred_at >= {s:Int64}"
+            " ORDER BY occurred_at, job_id, attempt LIMIT {n:UInt64}",
+            {"p": project, "s": since, "n": limit},
+        )
+        return [_decided(event) for (event,) in found]
+
+
+def _decided(event: str | bytes) -> AdmissionDecided:
+    decided = parse_admission_event(event.encode() if isinstance(event, str) else event)
+    if not isinstance(decided, AdmissionDecided):  # the writer writes nothing else
+        raise TypeError(f"admission_decisions holds a {decided.type} event")
+    return decided

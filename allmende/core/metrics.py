@@ -57,6 +57,24 @@ METER_LAG_RECORDS = _gauge(
     "Job events on the partition after the last one this worker metered (as of its last batch)",
     ["partition"],
 )
+METER_RETIRED_JOBS = _counter(
+    "allmende_meter_retired_jobs_total",
+    "Ended jobs whose meter state was deleted (table and changelog) after the retention period",
+)
+METER_LATE_EVENTS = _counter(
+    "allmende_meter_late_events_total",
+    "Events of a job with no meter state, older than the retention behind their partition (dead-lettered)",
+)
+
+# The decision writer: updated by allmende.streams.decision_writer.
+DECISIONS_WRITTEN = _counter(
+    "allmende_decision_writer_decisions_total", "Admission decisions written to ClickHouse (decision history)"
+)
+DECISION_RECORDS_SKIPPED = _counter(
+    "allmende_decision_writer_records_skipped_total",
+    "Admission-log records not written: void (appended after their record-by instant) or unreadable",
+    ["why"],
+)
 
 # The ledger writer: updated by allmende.streams.ledger_writer.
 WRITER_ENTRIES_READ = _counter("allmende_writer_entries_read_total", "Ledger-entry records consumed")
@@ -84,6 +102,14 @@ FAIRSHARE_LAG_RECORDS = _gauge(
 # The admission service: updated by allmende.services.admission_service.
 ADMISSION_DECISIONS = _counter(
     "allmende_admission_decisions_total", "Admission decisions", ["verdict", "lane"]
+)
+ADMISSION_RETIRED_JOBS = _counter(
+    "allmende_admission_retired_jobs_total",
+    "Ended jobs (and decisions never run) the admission service let go of after the retention period",
+)
+ADMISSION_LATE_EVENTS = _counter(
+    "allmende_admission_late_events_total",
+    "Events of a job admission no longer holds, older than the retention behind their partition (ignored)",
 )
 ADMISSION_DECIDE_SECONDS = _histogram(
     "allmende_admission_decide_seconds",
@@ -153,14 +179,15 @@ PROJECT_IDLE_GPU_HOURS = _gauge(
 
 # Each component's group, registered when the component is built.
 GC = (GC_PAUSE_SECONDS,)
-METER = (METER_EVENTS, METER_DEAD_LETTERS, METER_LAG_RECORDS)
+METER = (METER_EVENTS, METER_DEAD_LETTERS, METER_LAG_RECORDS, METER_RETIRED_JOBS, METER_LATE_EVENTS)
 WRITER = (
     WRITER_ENTRIES_READ, WRITER_POSTINGS_WRITTEN, WRITER_ENTRIES_STALE, WRITER_DEAD_LETTERS,
     WRITER_BATCH_SECONDS, WRITER_LAG_RECORDS,
 )  # fmt: skip
+DECISION_WRITER = (DECISIONS_WRITTEN, DECISION_RECORDS_SKIPPED)
 ADMIN_LOG = (ADMIN_EVENTS_APPLIED, ADMIN_EVENTS_REFUSED)
 FAIRSHARE = (FAIRSHARE_SNAPSHOTS, FAIRSHARE_FACTOR, FAIRSHARE_LAG_RECORDS)
-ADMISSION = (ADMISSION_DECISIONS, ADMISSION_DECIDE_SECONDS)
+ADMISSION = (ADMISSION_DECISIONS, ADMISSION_DECIDE_SECONDS, ADMISSION_RETIRED_JOBS, ADMISSION_LATE_EVENTS)
 GROUP_COMMIT = (GROUP_COMMIT_SECONDS, GROUP_COMMIT_CALLERS)
 ALERTS = (
     BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES,

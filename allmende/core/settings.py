@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     # wrong clock would otherwise charge hours that have not happened); a replay of the past is
     # unaffected.
     clock_skew_s: int = Field(default=300, ge=0)
+    # A job that ended this long ago leaves every process's memory (admission, the meter's table
+    # and its changelog, fair share's per-entry revisions, the writer's cache): history stays in
+    # ClickHouse. An event of a job older than this behind its stream is dead-lettered (`retired`).
+    ended_job_retention_s: int = Field(default=7 * 86_400, ge=1)
 
     # Admission: an admitted job that has not started by then frees its GPUs and its hold.
     admission_enabled: bool = True

@@ -13,11 +13,16 @@ half-life, the resets): identical bit for bit after a rebuild by replay.
 The instant the usage is decayed to is the stream's own clock (the latest end of use seen), not the
 wall clock: a replay of last year's trace decays as it did then, and a rebuild gives the same
 numbers whenever it runs.
+
+Memory stays bounded by what is live (`UsageLedger.fold`): per project, the hours past the fold
+horizon (FOLD_HALF_LIVES half-lives old) are summed into one integer figure, and the hours before
+the last reset into another. Both stay exact integers, so a late revision of a folded hour is
+subtracted and added there; and `decayed_usage` lumps every hour past the horizon into one figure
+itself, so folding or not (or folding at other moments, as a replay does) gives the same bits.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +36,10 @@ from allmende.schemas.ledger import UNATTRIBUTED, LedgerEntry
 
 BUCKET_S = 3600  # usage is counted per hour: fine beside a half-life of days, small to keep
 JOURNAL_MAX = 100_000  # slot changes kept per followed project between two reads
+# Use older than this many half-lives weighs less than 2^-40 (about 1e-12) of itself: far below
+# what a factor resolves, so it is summed into one figure per project (`UsageLedger.fold`). With
+# the default half-life of 7 days the horizon is 280 days: at most 6,721 live hours per project.
+FOLD_HALF_LIVES = 40
 
 
 _GENERATIONS = itertools.count(1)
@@ -52,6 +61,7 @@ class UsageLedger:
     entries: dict[str, _Held] = field(default_factory=dict)
     hours: dict[str, dict[Slot, int]] = field(default_factory=dict)
     jobs: dict[str, int] = field(default_factory=dict)  # job id -> charge units so far
+    _of_job: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)  # its entry ids
     generation: int = field(default_factory=lambda: next(_GENERATIONS))  # a rebuilt ledger is another
     clock: int = 0  # the latest end of use seen: the stream's "now"
     # Per followed project, the slot changes since its reader last took them (`follow`, `changes`):
@@ -60,6 +70,14 @@ class UsageLedger:
     # Charge units per project and hour whatever the cluster, kept with `hours`: what fair share
     # decays (`project_hours`), without regrouping every slot at each recompute.
     _per_hour: dict[str, dict[int, int]] = field(default_factory=dict, repr=False, compare=False)
+    # What `fold` took out of `_per_hour`, per project (charge units, exact): the hours up to
+    # `_drop_through` (they end at or before a reset: fair share ignores them) in `_dropped`, the
+    # later ones up to `_fold_through` (past the horizon) in `_folded`. One bound for every project:
+    # both follow from the clock alone. A revision of a folded hour is routed to its figure (`_add`).
+    _dropped: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _folded: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _drop_through: int | None = field(default=None, repr=False, compare=False)
+    _fold_through: int | None = field(default=None, repr=False, compare=False)
 
     def follow(self, project: str) -> None:
         """Keep the project's slot changes from now on, for `changes`."""
@@ -99,8 +117,23 @@ class UsageLedger:
             for hour, span in priced_pieces(entry, timeline, BUCKET_S):
                 slot = (hour, entry.cluster, entry.gpu_type)
                 hours[slot] = hours.get(slot, 0) + span.charge_units
+        if held is None:
+            self._of_job.setdefault(entry.job_id, []).append(entry.entry_id)
         self.entries[entry.entry_id] = _Held(entry, hours)
         self._add(entry.project, entry.job_id, hours, 1)
+
+    def holds_job(self, job_id: str) -> bool:
+        return job_id in self._of_job
+
+    def retire(self, job_id: str) -> int:
+        """Let go of what is kept per entry of a job the meter let go of (its entries are final:
+        no revision follows its `retired` record); its units stay in the totals. Returns how
+        many entries went."""
+        gone = self._of_job.pop(job_id, [])
+        for entry_id in gone:
+            self.entries.pop(entry_id, None)
+        self.jobs.pop(job_id, None)
+        return len(gone)
 
     def _add(self, project: str, job_id: str, hours: Mapping[Slot, int], sign: int) -> None:
         if not hours:
@@ -118,6 +151,7 @@ class UsageLedger:
                 journal.extend((slot, sign * units) for slot, units in hours.items())
         totals = self.hours.setdefault(project, {})
         per_hour = self._per_hour.setdefault(project, {})
+        fold_through = self._fold_through
         for slot, units in hours.items():
             left = totals.get(slot, 0) + sign * units
             if left:
@@ -125,6 +159,12 @@ class UsageLedger:
             else:
                 totals.pop(slot, None)
             hour = slot[0]
+            if fold_through is not None and hour <= fold_through:
+                # Folded already (a late revision): its figure takes the change, same sign.
+                drop = self._drop_through
+                figure = self._dropped if drop is not None and hour <= drop else self._folded
+                _bump(figure, project, sign * units)
+                continue
             left = per_hour.get(hour, 0) + sign * units
             if left:
                 per_hour[hour] = left
@@ -139,35 +179,147 @@ class UsageLedger:
         return sum(self.hours.get(project, {}).values())
 
     def project_hours(self) -> dict[str, dict[int, int]]:
-        """Charge units per project and hour, whatever the cluster: what fair share decays."""
-        return {project: dict(per_hour) for project, per_hour in self._per_hour.items()}
+        """Charge units per project and hour, whatever the cluster: what fair share decays.
+
+        Folded hours (`fold`) appear as their figures: the units of the hours before the last
+        reset at the hour `_drop_through` (which `decayed_usage` drops), the units past the horizon
+        at the hour `_fold_through` (which `decayed_usage` lumps with every hour past the horizon).
+        Each project's figures and hours still sum exactly to its charge units.
+        """
+        found = {project: dict(per_hour) for project, per_hour in self._per_hour.items()}
+        for bound, figures in ((self._drop_through, self._dropped), (self._fold_through, self._folded)):
+            for project, units in figures.items():
+                if bound is not None:  # never None when there are figures; for the type checker
+                    found.setdefault(project, {})[bound] = units  # no live hour is <= a bound
+        return found
+
+    def fold(self, half_life_s: int, resets: Iterable[int] = (), half_lives: int = FOLD_HALF_LIVES) -> int:
+        """Move the hours fair share no longer tells apart out of `_per_hour`; returns how many.
+
+        At the ledger's clock, an hour is past the horizon once it ended `half_lives` half-lives
+        ago (`fold_horizon`; none for half-life 0, where nothing decays), and dropped once it ends
+        at or before the last reset mark (`reset_hour`). Both bounds only move forward with the
+        clock, so folding depends on the clock alone, not on when it is called. Give it the
+        half-life and reset marks `decayed_usage` is given, including the last mark up to the
+        clock (the quarterly marks `FairShareCalculator.compute` passes are exactly that).
+
+        Cost: nothing unless a bound moved a whole hour; then, per project with live hours, the
+        hours the bound passed (dict look-ups) or its live hours if fewer (after a jump of the
+        clock): about one hour per project per hour of clock, far below a `decayed_usage`, which
+        reads every live hour. No second index of hours to keep in step on the hot path (`_add`).
+        """
+        horizon = fold_horizon(self.clock, half_life_s, half_lives)
+        reset = reset_hour(self.clock, resets)
+        old_fold, old_drop = self._fold_through, self._drop_through
+        drop = _newest(old_drop, reset)
+        if drop is not None and old_fold is not None and old_drop != drop:
+            if drop >= old_fold:  # the reset passed every folded hour: their figure is dropped
+                for project, units in self._folded.items():
+                    _bump(self._dropped, project, units)
+                self._folded.clear()
+            else:
+                # A reset mark inside the folded hours (only when a mark up to an earlier fold's
+                # clock was not given to it): that figure cannot be split, so it stays folded and
+                # counted (`decayed_usage` says by how little); the next reset past it drops it.
+                drop = old_drop
+        target = _newest(_newest(old_fold, horizon), drop)
+        if target is None or (target == old_fold and drop == old_drop):
+            return 0
+        self._fold_through, self._drop_through = target, drop
+        moved = 0
+        for project in list(self._per_hour):
+            per_hour = self._per_hour[project]
+            if old_fold is not None and target - old_fold <= len(per_hour):
+                passed = [h for h in range(old_fold + 1, target + 1) if h in per_hour]
+            else:  # first fold, or the clock jumped: fewer live hours than hours passed
+                passed = [h for h in per_hour if h <= target]
+            for hour in passed:
+                dropped = drop is not None and hour <= drop
+                _bump(self._dropped if dropped else self._folded, project, per_hour.pop(hour))
+            moved += len(passed)
+            if not per_hour:
+                del self._per_hour[project]
+        return moved
+
+
+def _bump(figures: dict[str, int], project: str, units: int) -> None:
+    """Add to a project's figure, dropping it at zero (a project with no units has no key)."""
+    left = figures.get(project, 0) + units
+    if left:
+        figures[project] = left
+    else:
+        figures.pop(project, None)
+
+
+def _newest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def fold_horizon(at: int, half_life_s: int, half_lives: int = FOLD_HALF_LIVES) -> int | None:
+    """The newest hour that ended at least `half_lives` half-lives before `at` (its decay is at
+    most 2^-half_lives); None for half-life 0: without decay no use becomes negligible."""
+    if half_life_s == 0:
+        return None
+    return (at - half_lives * half_life_s) // BUCKET_S - 1
+
+
+def reset_hour(at: int, resets: Iterable[int]) -> int | None:
+    """The newest hour that ends at or before the last reset mark up to `at`; None without one."""
+    since = max((mark for mark in resets if mark <= at), default=None)
+    return None if since is None else since // BUCKET_S - 1
 
 
 def decayed_usage(
-    hours: Mapping[str, Mapping[int, int]], at: int, half_life_s: int, resets: Iterable[int] = ()
+    hours: Mapping[str, Mapping[int, int]],
+    at: int,
+    half_life_s: int,
+    resets: Iterable[int] = (),
+    fold_half_lives: int = FOLD_HALF_LIVES,
 ) -> dict[str, float]:
     """Charged GPU-seconds per project, decayed to `at`, dropping what precedes the last reset.
 
     An hour's use counts from the hour's end (its decay starts when it is over). Use after `at`
     (a clock behind the data) counts undecayed.
+
+    The hours past the fold horizon (`fold_horizon`: ended `fold_half_lives` half-lives or more
+    before `at`) are summed as integers and counted as if all used in the horizon hour itself: an
+    upper bound, too high by less than 2^-fold_half_lives of those units (their true weight is
+    between 0 and that). The folded figures of `UsageLedger.project_hours` are sums of such hours
+    (or of hours before the reset, dropped either way), so folding changes nothing here: the
+    same integer sum meets the same factor, and the result is the same bits whether and whenever
+    the ledger folded, provided `at` is its clock (or later) and `fold` was given the same
+    half-life, `fold_half_lives` and the last reset mark up to its clock. If a mark was withheld
+    from a fold and given here, the hours it should drop that were folded after it count in the
+    lumped figure: too high by less than 2^-fold_half_lives of their units, as above.
     """
-    marks = sorted(resets)
-    index = bisect.bisect_right(marks, at)
-    since = marks[index - 1] if index else None
+    drop = reset_hour(at, resets)
+    horizon = fold_horizon(at, half_life_s, fold_half_lives)
     usage: dict[str, float] = {}
     decays: dict[int, float] = {}  # projects share their hours: each age's factor once (same value)
+
+    def factor(hour: int) -> float:
+        age = max(0, at - (hour + 1) * BUCKET_S)
+        decay = decays.get(age)
+        if decay is None:
+            decay = decays[age] = decay_factor(age, half_life_s)
+        return decay
+
     for project in sorted(hours):
+        per_hour = hours[project]
         total = 0.0
-        for hour in sorted(hours[project]):
-            end = (hour + 1) * BUCKET_S
-            if since is not None and end <= since:
+        lumped = 0  # integer units past the horizon: exact, whatever the grouping
+        live: list[int] = []
+        for hour in sorted(per_hour):
+            if drop is not None and hour <= drop:
                 continue
-            units = hours[project][hour]
-            age = max(0, at - end)
-            decay = decays.get(age)
-            if decay is None:
-                decay = decays[age] = decay_factor(age, half_life_s)
-            total += units / CHARGE_UNITS_PER_GPU_SECOND * decay
+            if horizon is not None and hour <= horizon:
+                lumped += per_hour[hour]
+            else:
+                live.append(hour)
+        if lumped and horizon is not None:
+            total += lumped / CHARGE_UNITS_PER_GPU_SECOND * factor(horizon)
+        for hour in live:
+            total += per_hour[hour] / CHARGE_UNITS_PER_GPU_SECOND * factor(hour)
         usage[project] = max(0.0, total)
     return usage
 

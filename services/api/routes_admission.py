@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from allmende.domain.admission_model import JobRequest
@@ -15,6 +16,7 @@ from allmende.schemas.events import Identifier
 from allmende.services.admission_service import AdmissionNotRecorded, AdmissionRefused, AdmissionService
 from allmende.services.api.admin_models import RejectionBody, units_to_hours
 from allmende.services.api.auth import Scheduler
+from allmende.services.api.deps import Store
 
 router = APIRouter(prefix="/v1", tags=["admission"])
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -142,14 +144,30 @@ async def admission(
 
 
 @router.get(
-    "/admission/{job_id}", response_model=AdmissionResponse, responses=ERRORS, summary="The recorded decision"
+    "/admission/{job_id}",
+    response_model=AdmissionResponse,
+    responses=ERRORS,
+    summary="The recorded decision, for any job ever decided",
+    description="The job's latest recorded decision: from memory while the job is live, else from"
+    " the decision history in ClickHouse (every decision the admission log holds, kept after the job"
+    " ended and left memory). 404 only for a job never decided (or whose decision was not recorded).",
 )
 async def recorded(
     job_id: Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:@/+-]+$")],
     caller: Scheduler,
     request: Request,
+    store: Store,
 ) -> Response:
     decided = _service(request).decision(job_id)
+    if decided is None:  # let go of (the job ended long ago), or never decided: the history says
+        try:
+            decided = await run_in_threadpool(store.decision, job_id)
+        except Exception as exc:  # ClickHouse away: no answer yet, not "never decided"
+            raise HTTPException(
+                503,
+                {"detail": f"the decision history cannot be read now ({exc!r})", "code": "unavailable"},
+                headers={"Retry-After": "1"},
+            ) from None
     if decided is None:
         raise HTTPException(404, f"no decision for job {job_id!r}")
     return _json(AdmissionResponse.of(decided))

@@ -82,11 +82,16 @@ def test_replaying_an_elasticflow_cluster_gives_the_traces_gpu_seconds_exactly(
 def test_every_event_twice_in_shuffled_order_gives_the_in_order_ledger(
     pipeline: Pipeline, elasticflow_tarball: Path
 ) -> None:
-    settings, store = pipeline.settings, pipeline.store
     jobs = _jobs(elasticflow_tarball, "cluster10", limit=120)
-    pipeline.declare(jobs)
     events: list[JobEvent] = [e for j in jobs for e in job_events(j, SAMPLE_EVERY_S)] * 2
     random.Random(7).shuffle(events)
+    # Reordering is exact within the retention (an event further behind its partition's stream is
+    # dead-lettered as `retired`): here it spans the whole shuffled trace.
+    span = max(e.occurred_at for e in events) - min(e.occurred_at for e in events) + 1
+    retention = max(span, pipeline.settings.ended_job_retention_s)
+    pipeline.settings = pipeline.settings.model_copy(update={"ended_job_retention_s": retention})
+    settings, store = pipeline.settings, pipeline.store
+    pipeline.declare(jobs)
     pipeline.start_meter()
     send_events(settings, events)
 
@@ -193,4 +198,7 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
         }
 
     wait_until(lambda: counters().get("allmende_meter_events_total", 0) >= len(events), 30, "metered count")
-    assert counters() == {"allmende_meter_events_total": len(events), "allmende_meter_dead_letters_total": 3}
+    assert counters() == {
+        "allmende_meter_events_total": len(events), "allmende_meter_dead_letters_total": 3,
+        "allmende_meter_late_events_total": 0, "allmende_meter_retired_jobs_total": 0,
+    }  # fmt: skip

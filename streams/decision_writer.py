@@ -1,0 +1,123 @@
+"""The decision writer: the admission log's decisions -> ClickHouse `admission_decisions`.
+
+The admission service keeps in memory only the decisions of live jobs (and lets ended ones go);
+this writer keeps every decision ever recorded, so `GET /v1/admission/{job_id}` answers for any
+job ever decided. It reads the admission log (one partition) as the service's replay does: a
+record appended after its `record_by` instant is void (`kafka_reading.appended_late`) and is not
+written; holds, releases and host reports are passed by.
+
+Exactly once in effect, as the ledger writer: per batch one INSERT of its decisions, then the
+next offset saved in `ingest_offsets` beside them (consumer `<writer_group>-decisions`); on
+(re)start it seeks to that offset, not to Kafka's committed one. A batch read again after a crash
+between the two writes the same rows again: one row per job and attempt once read with FINAL.
+
+A record that is no admission event cannot be on this log but through a bug (the service alone
+writes it, and logs what it cannot read when it replays): it is logged and passed by, never
+failing its batch. A ClickHouse or Kafka failure fails the batch, which is read again from the
+saved offsets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from allmende.core.kafka_reading import appended_late
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.metrics import DECISION_RECORDS_SKIPPED, DECISION_WRITER, DECISIONS_WRITTEN, register
+from allmende.core.settings import Settings
+from allmende.schemas.admission_events import AdmissionDecided, parse_admission_event
+from allmende.schemas.events import ContractError
+from allmende.streams.offsets_beside_data import OffsetsBesideData
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class DecisionBatch:
+    records: int
+    decisions: int
+    void: int
+    unreadable: int
+
+
+def decisions_of(records: Iterable[Any]) -> tuple[list[tuple[int, AdmissionDecided]], DecisionBatch]:
+    """The (offset, decision) pairs of admission-log records the table takes, and the counts."""
+    found: list[tuple[int, AdmissionDecided]] = []
+    count = void = unreadable = 0
+    for record in records:
+        count += 1
+        try:
+            event = parse_admission_event(record.value)
+        except ContractError as exc:
+            unreadable += 1
+            log.error("decision_writer_unreadable", offset=record.offset, reason=exc.reason)
+            continue
+        except Exception as exc:  # whatever a record holds, it never fails the batch
+            unreadable += 1
+            log.error("decision_writer_unreadable", offset=record.offset, reason=repr(exc))
+            continue
+        if not isinstance(event, AdmissionDecided):
+            continue
+        if appended_late(record):  # answered 503, delivered later: void
+            void += 1
+            log.info("decision_writer_void", event_id=event.event_id, offset=record.offset)
+            continue
+        if event.attempt >= 2**64:  # beyond the column (UInt64): no service writes it
+            unreadable += 1
+            log.error("decision_writer_unreadable", offset=record.offset, reason="attempt out of range")
+            continue
+        found.append((record.offset, event))
+    return found, DecisionBatch(count, len(found), void, unreadable)
+
+
+class DecisionWriter(OffsetsBesideData):
+    thread_name = "decision-writer"
+
+    def __init__(self, settings: Settings, store: LedgerStore, consumer_name: str | None = None) -> None:
+        register(DECISION_WRITER)
+        name = consumer_name or f"{settings.writer_group}-decisions"
+        super().__init__(settings, store, settings.admission_topic, name)
+        self.decisions_written = 0
+        self.records_unreadable = 0
+        self.last_error: str | None = None
+
+    # -- one batch -----------------------------------------------------------------------------
+    def write_batch(self, records: Sequence[Any]) -> DecisionBatch:
+        """Write the decisions of these records (Kafka consumer records) and save the offset past
+        them: the decisions first, so a crash between the two reads them again, never skips them."""
+        decisions, batch = decisions_of(records)
+        self.store.append_decisions(decisions)
+        next_offsets: dict[int, int] = {}
+        for record in records:
+            next_offsets[record.partition] = max(next_offsets.get(record.partition, 0), record.offset + 1)
+        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
+        self.batches += 1
+        self.decisions_written += batch.decisions
+        self.records_unreadable += batch.unreadable
+        DECISIONS_WRITTEN.inc(batch.decisions)
+        DECISION_RECORDS_SKIPPED.labels("void").inc(batch.void)
+        DECISION_RECORDS_SKIPPED.labels("unreadable").inc(batch.unreadable)
+        return batch
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        s = self.settings
+        consumer = self._consumer()
+        try:
+            self._attach(consumer)
+            self.last_error = None  # Kafka answers again: a failure before is over
+            while not stop.is_set():
+                records = self._take(consumer, stop)
+                if records:
+                    self.write_batch(records)
+                    if s.writer_mode == "group":
+                        consumer.commit_async()  # for lag dashboards only
+                    self.last_error = None
+                self._lag.check(consumer, list(consumer.assignment()))
+        finally:
+            consumer.close(autocommit=False)

@@ -1,0 +1,124 @@
+"""A topic consumer that writes to ClickHouse and keeps its offsets there, beside what it wrote.
+
+The ledger writer and the decision writer are both this: a thread that reads its topic from the
+offsets saved in `ingest_offsets` (never Kafka's committed ones), writes a batch, then saves the
+offsets past it, so a crash between the two reads the batch again and never skips it; after a
+failure (Kafka or ClickHouse away) it starts again from those offsets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+
+from allmende.core.kafka_reading import LagWatch, wait_for_partitions
+from allmende.core.ledger_store import LedgerStore
+from allmende.core.settings import Settings
+
+log = structlog.get_logger(__name__)
+RETRY_S = 2.0  # the wait before `run` starts again after a failure
+
+
+class OffsetsBesideData:
+    thread_name = "writer"  # the thread's name, and the log event of a failure (`<name>_failed`)
+
+    def __init__(self, settings: Settings, store: LedgerStore, topic: str, consumer_name: str) -> None:
+        self.settings = settings
+        self.store = store
+        self.topic = topic
+        self.consumer_name = consumer_name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lag = LagWatch()
+        self.caught_up = self._lag.caught_up
+        self.batches = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run_forever, args=(self._stop,), name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """`run`, restarted after failures (Kafka or ClickHouse away) until `stop` is set."""
+        while not stop.is_set():
+            try:
+                self.run(stop)
+                self.last_error = None
+            except Exception as exc:  # keep the process alive; Kafka or ClickHouse may come back
+                self.last_error = repr(exc)
+                log.exception(f"{self.thread_name.replace('-', '_')}_failed", error=repr(exc))
+                stop.wait(RETRY_S)
+
+    def run(self, stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    def _consumer(self, **extra: Any) -> KafkaConsumer:
+        s = self.settings
+        return KafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap_servers,
+            group_id=self.consumer_name,
+            client_id=f"{self.consumer_name}-{threading.get_ident()}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=s.writer_batch_max,
+            **extra,
+        )
+
+    def _attach(self, consumer: KafkaConsumer) -> None:
+        """Read the topic from the stored offsets: in a group of writers (`writer_mode` group:
+        one per partition, sought to on each assignment), else every partition (always so with
+        embedded chDB: no group coordination, nothing that can stall on a missed heartbeat)."""
+        writer = self
+
+        class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+            def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+                writer._revoked()
+
+            def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+                writer._seek_to_stored(consumer, assigned)
+
+        if self.settings.writer_mode == "group":
+            consumer.subscribe([self.topic], listener=_Rebalance())
+        else:
+            partitions = wait_for_partitions(consumer, self.topic)
+            consumer.assign(partitions)
+            self._seek_to_stored(consumer, partitions)
+
+    def _revoked(self) -> None:
+        """Partitions went to another writer (group mode): what is cached of them is not ours."""
+
+    def _seek_to_stored(self, consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
+        """Resume from the offsets saved beside the data, not from Kafka's committed ones."""
+        stored = self.store.offsets(self.consumer_name, self.topic)
+        for tp in partitions:
+            if tp.partition in stored:
+                consumer.seek(tp, stored[tp.partition])
+            else:
+                consumer.seek_to_beginning(tp)
+
+    def _take(self, consumer: KafkaConsumer, stop: threading.Event) -> list[Any]:
+        """Up to writer_batch_max records, waiting at most writer_batch_wait_ms for more."""
+        s = self.settings
+        deadline = time.monotonic() + s.writer_batch_wait_ms / 1000
+        records: list[Any] = []
+        while len(records) < s.writer_batch_max and not stop.is_set():
+            wait_ms = int((deadline - time.monotonic()) * 1000)
+            if wait_ms <= 0:
+                break
+            polled = consumer.poll(timeout_ms=wait_ms, max_records=s.writer_batch_max - len(records))
+            for tp_records in polled.values():
+                records.extend(tp_records)
+        return records
