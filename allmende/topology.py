@@ -50,6 +50,7 @@ from allmende.streams.admin_log import AdminLog
 from allmende.streams.decision_writer import DecisionWriter
 from allmende.streams.fairshare_calculator import FairShareCalculator
 from allmende.streams.ledger_writer import LedgerWriter
+from allmende.streams.preemption_writer import PreemptionWriter
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +102,7 @@ class Components:
     dashboard: DashboardViews
     writer: LedgerWriter | None = None
     decision_writer: DecisionWriter | None = None  # beside the ledger writer: every decision kept
+    preemption_writer: PreemptionWriter | None = None  # and every preemption
     fairshare: FairShareCalculator | None = None
     admission: AdmissionService | None = None
     alerter: BurnAlerter | None = None
@@ -117,13 +119,14 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     store = LedgerStore(db, sole_writer=s.writer_enabled and db.embedded)
     await run_in_threadpool(ensure_topics, s)
     admin_log = AdminLog(s)
-    writer = decision_writer = None
+    writer = decision_writer = preemption_writer = None
     if s.writer_enabled:
         # One admin log for both: a policy the API publishes is the writer's next price list.
         writer = LedgerWriter(s, store, admin_log=admin_log)
         writer.start()
-        decision_writer = DecisionWriter(s, store)
+        decision_writer, preemption_writer = DecisionWriter(s, store), PreemptionWriter(s, store)
         decision_writer.start()
+        preemption_writer.start()
     await run_in_threadpool(admin_log.catch_up)
     fairshare = None
     if s.fairshare_enabled or s.admission_enabled:
@@ -171,7 +174,8 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         )
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
-        writer=writer, decision_writer=decision_writer, fairshare=fairshare, admission=admission,
+        writer=writer, decision_writer=decision_writer, preemption_writer=preemption_writer,
+        fairshare=fairshare, admission=admission,
         alerter=alerter,
         refused=RefusedLetters(s), tasks=[asyncio.create_task(loop) for loop in loops],
     )  # fmt: skip
@@ -190,8 +194,9 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
             await run_in_threadpool(fairshare.stop)
         if writer is not None:
             await run_in_threadpool(writer.stop)
-        if decision_writer is not None:
-            await run_in_threadpool(decision_writer.stop)
+        for keeper in (decision_writer, preemption_writer):
+            if keeper is not None:
+                await run_in_threadpool(keeper.stop)
         await run_in_threadpool(admin_log.close)
         if components.refused is not None:
             await run_in_threadpool(components.refused.close)
@@ -212,12 +217,14 @@ def run_writer(s: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     store = LedgerStore(db)
-    decisions = DecisionWriter(s, store)
-    decisions.start()
+    histories = (DecisionWriter(s, store), PreemptionWriter(s, store))
+    for history in histories:
+        history.start()
     try:
         LedgerWriter(s, store).run_forever(stop)
     finally:
-        decisions.stop()
+        for history in histories:
+            history.stop()
 
 
 def meter_env(settings: Settings) -> dict[str, str]:

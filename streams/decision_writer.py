@@ -19,7 +19,6 @@ saved offsets.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +83,6 @@ class DecisionWriter(OffsetsBesideData):
         super().__init__(settings, store, settings.admission_topic, name)
         self.decisions_written = 0
         self.records_unreadable = 0
-        self.last_error: str | None = None
 
     # -- one batch -----------------------------------------------------------------------------
     def write_batch(self, records: Sequence[Any]) -> DecisionBatch:
@@ -92,32 +90,10 @@ class DecisionWriter(OffsetsBesideData):
         them: the decisions first, so a crash between the two reads them again, never skips them."""
         decisions, batch = decisions_of(records)
         self.store.append_decisions(decisions)
-        next_offsets: dict[int, int] = {}
-        for record in records:
-            next_offsets[record.partition] = max(next_offsets.get(record.partition, 0), record.offset + 1)
-        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
-        self.batches += 1
+        self._save_offsets(records)
         self.decisions_written += batch.decisions
         self.records_unreadable += batch.unreadable
         DECISIONS_WRITTEN.inc(batch.decisions)
         DECISION_RECORDS_SKIPPED.labels("void").inc(batch.void)
         DECISION_RECORDS_SKIPPED.labels("unreadable").inc(batch.unreadable)
         return batch
-
-    # -- the loop ------------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        s = self.settings
-        consumer = self._consumer()
-        try:
-            self._attach(consumer)
-            self.last_error = None  # Kafka answers again: a failure before is over
-            while not stop.is_set():
-                records = self._take(consumer, stop)
-                if records:
-                    self.write_batch(records)
-                    if s.writer_mode == "group":
-                        consumer.commit_async()  # for lag dashboards only
-                    self.last_error = None
-                self._lag.check(consumer, list(consumer.assignment()))
-        finally:
-            consumer.close(autocommit=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -63,7 +63,34 @@ class OffsetsBesideData:
                 stop.wait(RETRY_S)
 
     def run(self, stop: threading.Event) -> None:
+        """Read the topic from the stored offsets and `write_batch` what comes, until `stop`."""
+        consumer = self._consumer()
+        try:
+            self._attach(consumer)
+            self.last_error = None  # Kafka answers again: a failure before is over
+            while not stop.is_set():
+                records = self._take(consumer, stop)
+                if records:
+                    self.write_batch(records)
+                    if self.settings.writer_mode == "group":
+                        consumer.commit_async()  # for lag dashboards only
+                    self.last_error = None
+                self._lag.check(consumer, list(consumer.assignment()))
+        finally:
+            consumer.close(autocommit=False)
+
+    def write_batch(self, records: Sequence[Any]) -> Any:
+        """Write what the records (Kafka consumer records) hold, then `_save_offsets` past them."""
         raise NotImplementedError
+
+    def _save_offsets(self, records: Sequence[Any]) -> None:
+        """The offsets past `records`, saved once what they hold is written: a crash between the
+        two reads them again, never skips them."""
+        next_offsets: dict[int, int] = {}
+        for record in records:
+            next_offsets[record.partition] = max(next_offsets.get(record.partition, 0), record.offset + 1)
+        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
+        self.batches += 1
 
     def _consumer(self, **extra: Any) -> KafkaConsumer:
         s = self.settings

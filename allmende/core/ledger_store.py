@@ -12,6 +12,7 @@ from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
 from allmende.domain.postings import Posting, PostingKind
 from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
+from allmende.schemas.events import JobPreempted
 from allmende.schemas.ledger import LedgerEntry
 
 _POSTING_COLUMNS = (
@@ -549,6 +550,30 @@ class LedgerStore:
             {"j": job_id},
         )
         return _decided(found[0][0]) if found else None
+
+    def append_preemptions(self, preemptions: Sequence[JobPreempted]) -> None:
+        rows = [(p.job_id, p.event_id, p.occurred_at, p.reason) for p in preemptions]
+        self.db.insert("job_preemptions", rows, ("job_id", "event_id", "at", "reason"))
+
+    def preemptions_of(self, project: str, start: int, end: int) -> list[tuple[str, str, str, int, str]]:
+        """(job, user, cluster, at, reason) of the preemptions the project's jobs suffered in
+        [start, end), oldest first; whose and where from the job's decisions, else from its
+        charged usage (a job the scheduler ran without asking)."""
+        window = "at >= {s:Int64} AND at < {e:Int64}"
+        jobs = f"job_id IN (SELECT job_id FROM {{db}}.job_preemptions WHERE {window})"
+        rows = self.db.rows(
+            "SELECT p.job_id, j.user, j.cluster, p.at, p.reason FROM"
+            f" (SELECT job_id, at, reason FROM {{db}}.job_preemptions FINAL WHERE {window}) AS p"
+            " INNER JOIN (SELECT job_id, any(user) AS user, any(cluster) AS cluster FROM ("
+            "  SELECT job_id, user, cluster FROM {db}.admission_decisions"
+            f"  WHERE project = {{p:String}} AND {jobs}"
+            "  UNION ALL SELECT job_id, user, cluster FROM {db}.ledger_postings"
+            f"  WHERE project = {{p:String}} AND kind = 'usage' AND {jobs}"
+            " ) GROUP BY job_id) AS j ON p.job_id = j.job_id"
+            " ORDER BY p.at, p.job_id",
+            {"p": project, "s": start, "e": end},
+        )
+        return [(str(j), str(u), str(c), int(a), str(r)) for j, u, c, a, r in rows]
 
     def decisions_of(self, project: str, since: int = 0, limit: int = 1000) -> list[AdmissionDecided]:
         """The project's decisions (every attempt) made at or after `since`, oldest first, at most

@@ -206,16 +206,23 @@ class DashboardViews:
         )
 
     def preemptions(self, project: str, period: Period) -> m.PreemptionsOut:
-        found = self.admission.preemptions(project) if self.admission is not None else []
+        """From the store (every preemption, also of jobs admission let go of), with the admission
+        state's for those the store has not taken yet."""
+        end = period.as_of + 1
+        found = {(job, at, reason): (user, cluster) for job, user, cluster, at, reason
+                 in self.admin.store.preemptions_of(project, period.start, end)}  # fmt: skip
+        live = self.admission.preemptions(project) if self.admission is not None else []
+        for job, at, reason in live:
+            if period.start <= at < end:
+                found.setdefault((job.job_id, at, reason), (job.user, job.cluster))
         return m.PreemptionsOut(
             **period.meta(),
             project=project,
             rows=[
-                m.PreemptionRow(
-                    job_id=job.job_id, user=job.user, cluster=job.cluster, at=instant(at), reason=reason
+                m.PreemptionRow(job_id=job, user=user, cluster=cluster, at=instant(at), reason=reason)
+                for (job, at, reason), (user, cluster) in sorted(
+                    found.items(), key=lambda f: (f[0][1], f[0][0])
                 )
-                for job, at, reason in found
-                if period.start <= at < period.as_of + 1
             ],
         )
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from allmende.core.settings import Settings
-from allmende.schemas.events import FinishStatus, JobFinished
+from allmende.schemas.events import FinishStatus, JobFinished, JobPreempted, JobStarted
 from allmende.testing.budget_harness import ADMIN, SCHEDULER, ok, plan_text, running_api
 from allmende.testing.harness import send_events, wait_until
 from tests.integration.test_admission import PLAN, TUESDAY_NOON, _ask, _job, _started
@@ -41,21 +41,35 @@ def test_an_ended_job_leaves_memory_after_the_retention_and_is_still_answered(se
         queued = _ask(api, _job("q1", "vision", 64, hours=1))  # more than is free: queued
         assert (answer["verdict"], queued["verdict"]) == ("admit", "queue")
         start = _started("r1", "vision", 8, TUESDAY_NOON + 60, ("h1",))
-        send_events(settings, [*start, _finished("r1", TUESDAY_NOON + 1800)])
+        preempted = JobPreempted(
+            event_id="r1:pre",
+            occurred_at=TUESDAY_NOON + 600,
+            producer="test",
+            job_id="r1",
+            reason="xid 79 on h1",
+        )
+        again = JobStarted(event_id="r1:start2", occurred_at=TUESDAY_NOON + 700, producer="test", job_id="r1",
+                           gpus=8, hosts=("h2",))  # fmt: skip
+        send_events(settings, [*start, preempted, again, _finished("r1", TUESDAY_NOON + 1800)])
         clock.now = TUESDAY_NOON + 1900
         wait_until(lambda: service.state.holds["r1"].released, 30, "r1's hold released")
 
         # Not yet: the retention runs from the last event.
         clock.now = TUESDAY_NOON + 1800 + R - 10
-        assert service.retire_ended() == ["q1"]  # queued at noon, never asked again
+        # queued at noon, never asked again: let go of (by the service's round, every second)
+        wait_until(lambda: "q1" not in service.state.decisions, 30, "q1 let go of")
         assert "r1" in service.state.decisions
         clock.now = TUESDAY_NOON + 1800 + R
         wait_until(lambda: "r1" not in service.state.jobs, 30, "r1 let go of")
         assert "r1" not in service.state.decisions and "r1" not in service.state.holds
 
-        # Its decision is answered as before, from the decision history.
+        # Its decision is answered as before, from the decision history; its preemption is listed.
         assert ok(api.get("/v1/admission/r1", headers=SCHEDULER)) == answer
         assert ok(api.get("/v1/admission/q1", headers=SCHEDULER)) == queued
+        listed = ok(api.get("/v1/dashboard/projects/vision/preemptions", headers=ADMIN))["rows"]
+        assert [(r["job_id"], r["user"], r["cluster"], r["reason"]) for r in listed] == [
+            ("r1", "ada", "h100-a", "xid 79 on h1")
+        ]
 
         # A late copy of its start cannot make it run again; a new job's events are folded.
         metrics = api.get("/metrics").text

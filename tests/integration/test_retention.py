@@ -9,6 +9,8 @@ time (fictional instants), so nothing waits for the wall clock.
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -113,10 +115,13 @@ def test_a_finished_job_is_let_go_of_after_the_retention_and_its_late_events_cha
     # A worker started again recovers the table without the job: a copy is late there too (the
     # events since the last commit come again first, and are dead-lettered again).
     pipeline.meters[0].kill()
-    pipeline.start_meter()
+    restarted = pipeline.start_meter()
     again: JobEvent = next(e for e in first_events if isinstance(e, JobUsageSample))
     send_events(settings, [again])
     wait_until(lambda: again.event_id in _refused_ids(settings), 90, "the copy dead-lettered")
+    # It indexed what it recovered: the second job alone.
+    indexed = re.findall(r"meter_table_indexed\s.*?jobs=(\d+)", restarted.log_path.read_text())
+    assert indexed and indexed[0] == "1", indexed
     seconds = pipeline.store.job_gpu_seconds()
     assert (seconds[old], seconds[later]) == (first.gpu_seconds, second.gpu_seconds)
 
