@@ -168,9 +168,9 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         # Ended jobs leave memory once their retention has passed (a heap: costs what is due).
         # Not while the decision history is behind: a decision leaves memory once the store has it
         # (with a ClickHouse server, `allmende writer` keeps the history; its lag is not seen here).
-        history = decision_writer.caught_up if decision_writer is not None else None
+        through = decision_writer.decided_through if decision_writer is not None else None
         loops.append(
-            _every(RETIRE_EVERY_S, "retire", lambda: run_in_threadpool(admission.retire_ended, history))
+            _every(RETIRE_EVERY_S, "retire", lambda: run_in_threadpool(admission.retire_ended, through))
         )
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,

@@ -404,8 +404,8 @@ class AdmissionState:
         last = decided.occurred_at if decided is not None else 0
         job = self.jobs.get(job_id)
         if job is not None:
-            if job.started:
-                return None
+            if job.started or (decided is None and job.last == (0, 0)):
+                return None  # running, or known by its submission alone: its start is on the way
             last = max(
                 last, job.last[0], job.busy_read_at, job.low_read_at, *(at for at, _ in job.preemptions)
             )
@@ -413,11 +413,14 @@ class AdmissionState:
                 last = max(last, (job.admitted_at or 0) + start_deadline_s)
         return last
 
-    def retire(self, now: int, start_deadline_s: int, busy: Container[str] = ()) -> list[str]:
+    def retire(
+        self, now: int, start_deadline_s: int, busy: Container[str] = (), decided_through: int | None = None
+    ) -> list[str]:
         """Let go of the jobs whose last event is `retention_s` or more before `now` and that hold
         no GPUs and no hold (ended, never started, queued or rejected and not asked again), but
-        those in `busy` (a decision on its way to the log). Returns their ids. Costs what is due:
-        jobs come off a heap of instants; one with a later event goes back on it."""
+        those in `busy` (a decision on its way to the log) and those decided after
+        `decided_through` (the decision history has not taken them yet). Returns their ids.
+        Costs what is due: jobs come off a heap of instants; one with a later event goes back."""
         if self.retention_s is None:
             return []
         retired: list[str] = []
@@ -428,6 +431,10 @@ class AdmissionState:
             last = self._last_activity(job_id, start_deadline_s)
             if last is None or job_id in busy:
                 continue  # its end, start deadline or release pushes it again
+            decided = self.decisions.get(job_id)
+            if decided is not None and decided_through is not None and decided.occurred_at > decided_through:
+                heapq.heappush(self._retire_at, (now + 1, job_id))  # asked again next round
+                continue
             if last + self.retention_s > now:
                 heapq.heappush(self._retire_at, (last + self.retention_s, job_id))
                 continue

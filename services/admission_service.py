@@ -235,15 +235,22 @@ class AdmissionService:
             finally:
                 consumer.close(autocommit=False)
 
-    def retire_ended(self, history: threading.Event | None = None) -> list[str]:
+    def retire_ended(self, decided_through: Callable[[], int | None] | None = None) -> list[str]:
         """Let go of the jobs that ended (or never ran) a retention period ago: memory holds what
         is live; the admission log and ClickHouse keep the rest (the route reads it there). Not
-        while the job events are being read (a job that looks ended may run) nor while the
-        decision history (`history`: its writer caught up) is behind."""
-        if not self.jobs_caught_up.is_set() or (history is not None and not history.is_set()):
+        while the job events are being read (a job that looks ended may run), nor a job decided
+        after what the decision history holds (`decided_through`: its writer's latest decision;
+        None: nothing written yet)."""
+        if not self.jobs_caught_up.is_set():
             return []
+        through = None
+        if decided_through is not None:
+            through = decided_through()
+            if through is None:
+                through = -1  # nothing written: only jobs never decided may go
+        s = self.settings
         with self._lock:
-            retired = self.state.retire(self.now(), self.settings.admission_start_deadline_s, self._inflight)
+            retired = self.state.retire(self.now(), s.admission_start_deadline_s, self._inflight, through)
         if retired:
             ADMISSION_RETIRED_JOBS.inc(len(retired))
             log.info("admission_jobs_retired", jobs=len(retired), held=len(self.state.jobs))

@@ -74,6 +74,9 @@ def decisions_of(records: Iterable[Any]) -> tuple[list[tuple[int, AdmissionDecid
     return found, DecisionBatch(count, len(found), void, unreadable)
 
 
+ALL_WRITTEN = 2**62  # `decided_through` once the writer has read the log to its end
+
+
 class DecisionWriter(OffsetsBesideData):
     thread_name = "decision-writer"
 
@@ -83,6 +86,13 @@ class DecisionWriter(OffsetsBesideData):
         super().__init__(settings, store, settings.admission_topic, name)
         self.decisions_written = 0
         self.records_unreadable = 0
+        self._decided_through: int | None = None
+
+    def decided_through(self) -> int | None:
+        """The instant of the latest decision written (None: none yet): every decision made by
+        then is in the store (the admission service lets go of no later one). Caught up with the
+        log (as of its last look, about a second ago), every decision is."""
+        return ALL_WRITTEN if self.caught_up.is_set() else self._decided_through
 
     # -- one batch -----------------------------------------------------------------------------
     def write_batch(self, records: Sequence[Any]) -> DecisionBatch:
@@ -91,6 +101,9 @@ class DecisionWriter(OffsetsBesideData):
         decisions, batch = decisions_of(records)
         self.store.append_decisions(decisions)
         self._save_offsets(records)
+        if decisions:  # the log is in the order the service decided: all before are written too
+            latest = max(d.occurred_at for _, d in decisions)
+            self._decided_through = max(self._decided_through or latest, latest)
         self.decisions_written += batch.decisions
         self.records_unreadable += batch.unreadable
         DECISIONS_WRITTEN.inc(batch.decisions)

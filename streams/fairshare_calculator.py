@@ -41,7 +41,7 @@ from allmende.domain.fairshare.result import FairShareResult, ShareRow
 from allmende.domain.fairshare.usage import UsageLedger, decayed_usage, share_tree
 from allmende.domain.postings import newest_per_entry
 from allmende.schemas.fairshare import FairShareRecord
-from allmende.schemas.ledger import retired_marker
+from allmende.schemas.ledger import retired_job
 from allmende.streams.admin_log import AdminLog
 from allmende.streams.ledger_writer import postable_entries
 
@@ -97,7 +97,6 @@ class FairShareCalculator:
         self._published_key: tuple[int, int, int] | None = None
         self._changes = 0  # bumped by every revision taken: a new snapshot is due
         self._policies: dict[str, int] = {}  # policy id -> effective from, as last priced
-        self._retired_through: dict[int, int] = {}  # partition -> horizon of its `retired` records
 
     # -- the maths on the current state (pure of Kafka) ----------------------------------------
     def compute(self) -> FairShareResult:
@@ -131,37 +130,23 @@ class FairShareCalculator:
         self._fresh = self.snapshot()
         return self._fresh.factors
 
-    def take(self, values: list[bytes], partitions: list[int] | None = None) -> bool:
-        """Fold ledger-entry records (values, and the partition of each) into the usage; True if
-        anything changed.
-
-        A `retired` record lets go of its job's entries (the totals stay) and raises its
-        partition's horizon to the meter's clock less the retention: the entries of a job let go
-        of all end by then, and the meter meters no new job's event that old (it dead-letters
-        them). So an entry of a job not held, ending by the horizon, is a copy of a retired one
-        (the topic replayed onto itself): skipped, never counted twice."""
+    def take(self, values: list[bytes]) -> bool:
+        """Fold ledger-entry records into the usage; True if anything changed. A `retired` record
+        lets go of its job's entries (the totals stay): the meter sends no revision of them after
+        it (it dead-letters a timed event of a job it let go of)."""
         timeline = self.admin_log.timeline()
         policies = {p.policy_id: p.effective_from for p in self.admin_log.state.policies.values()}
         entries = []
         retired: list[str] = []
-        retention = self.settings.ended_job_retention_s
-        for i, value in enumerate(values):
-            partition = partitions[i] if partitions is not None else 0
-            marker = retired_marker(value)
-            if marker is not None:  # the meter let go of the job: keep its totals, not its entries
-                retired.append(marker[0])
-                horizon = marker[1] - retention
-                if horizon > self._retired_through.get(partition, horizon - 1):
-                    self._retired_through[partition] = horizon
+        for value in values:
+            job = retired_job(value)
+            if job is not None:  # the meter let go of the job: keep its totals, not its entries
+                retired.append(job)
                 continue
             try:  # what the ledger can hold, by the writer's own rule: usage the ledger refuses is no usage
-                found = postable_entries(value)
+                entries.extend(postable_entries(value))
             except (ValueError, TypeError):
                 continue  # the ledger writer dead-letters these; fair share just skips them
-            through = self._retired_through.get(partition)
-            if through is not None:
-                found = [e for e in found if e.interval_end > through or self.usage.holds_job(e.job_id)]
-            entries.extend(found)
         changed = False
         with self.lock:
             fresh = [at for pid, at in policies.items() if pid not in self._policies]
@@ -207,7 +192,6 @@ class FairShareCalculator:
         with self.lock:
             self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
             self._policies = {}
-            self._retired_through = {}
         self.caught_up.clear()
         self.ready.clear()
         try:
@@ -215,9 +199,8 @@ class FairShareCalculator:
             while not stop.is_set():
                 polled = consumer.poll(timeout_ms=200, max_records=20_000)
                 self.admin_log.catch_up()
-                records = [r for batch in polled.values() for r in batch]
-                # Also when empty: a new policy re-prices what it covers.
-                self.take([r.value for r in records], [r.partition for r in records])
+                values = [r.value for records in polled.values() for r in records]
+                self.take(values)  # also when empty: a new policy re-prices what it covers
                 behind = self._lag.check(consumer, partitions)
                 if behind is not None:
                     FAIRSHARE_LAG_RECORDS.set(sum(behind.values()))

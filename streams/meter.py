@@ -429,8 +429,11 @@ def create_app(settings: Settings) -> faust.App:
         emitted: list[LedgerEntry] = []
         applied: list[JobEvent] = []
         for event, parsed in items:
-            # A submission carries the instant the job was queued (days ago, perhaps): not late.
-            late = raw is None and horizon is not None and parsed.occurred_at <= horizon
+            # Late: a timed event of a job of which nothing is held, not even from this batch (a
+            # submission carries the instant the job was queued, days ago perhaps: never late,
+            # and what follows it is the job's).
+            unknown = state.submitted is None and not state.boundaries
+            late = unknown and horizon is not None and parsed.occurred_at <= horizon
             if late and horizon is not None and not isinstance(parsed, JobSubmitted):
                 METER_LATE_EVENTS.inc()
                 refuse(out, event, _late(job_id, parsed.occurred_at, horizon), "retired")
