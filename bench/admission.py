@@ -51,11 +51,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 import httpx
 import orjson
@@ -64,6 +64,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from allmende.core.kafka_local import free_port
 from allmende.core.supervisor import Child
+from allmende.schemas.events import MAX_GPUS
 from allmende.services.api.routes_admission import AdmissionRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,13 +100,14 @@ def quarter(now: dt.datetime) -> str:
     return f"{now.year}-Q{(now.month - 1) // 3 + 1}"
 
 
-def plan_yaml(period: str) -> str:
-    """One huge cluster and budgets no run can use up: every request is admitted, never refused."""
+def plan_yaml(period: str, gpus: int = MAX_GPUS) -> str:
+    """One huge cluster (as large as a plan may declare) and budgets no run can use up: every
+    request is admitted, never refused."""
     lines = [
         "plan: bench-admission",
         f"period: {period}",
         "clusters:",
-        "  - {name: bench, gpu_type: H100, gpus: 1000000}",
+        f"  - {{name: bench, gpu_type: H100, gpus: {gpus}}}",
         "organisation:",
         "  - {id: lab, kind: organisation, shares: 100}",
         *(f"  - {{id: {p}, parent: lab, kind: project, shares: 10}}" for p in PROJECTS),
@@ -421,10 +423,12 @@ async def open_loop(target: Target, rate: float, seconds: float) -> Phase:
     return phase
 
 
-async def on_schedule(rate: float, seconds: float, start: Callable[[float], Awaitable[None]]) -> float:
+async def on_schedule(
+    rate: float, seconds: float, start: Callable[[float], Coroutine[Any, Any, None]]
+) -> float:
     """Call `start(scheduled time)` every 1/rate s for `seconds`, each as its own task; return the
     seconds until all have ended."""
-    tasks = []
+    tasks: list[asyncio.Task[None]] = []
     t0 = time.perf_counter()
     for i in range(int(rate * seconds)):
         scheduled = t0 + i / rate

@@ -21,7 +21,7 @@ retention late; the meter dead-letters those.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
@@ -447,7 +447,26 @@ class AdmissionState:
         horizon = now - self.retention_s
         for event_id in [e for e, at in self._seen_hosts.items() if at <= horizon]:
             del self._seen_hosts[event_id]
+        if retired:
+            self._compact_heaps()
         return retired
+
+    def _compact_heaps(self) -> None:
+        """Drop the heap entries of jobs let go of, once they are most of a heap: a start deadline
+        or hold expiry is due only an hour or more after admission, and its entry would keep the
+        job's id (and the heap) growing with every job admitted meanwhile."""
+        held = len(self.jobs) + len(self.decisions) + 1024
+        checks: tuple[tuple[str, Callable[[str], bool]], ...] = (
+            ("_start_deadlines", lambda job: job in self.jobs),
+            ("_expiries", lambda job: job in self.holds),
+            ("_retire_at", lambda job: job in self.jobs or job in self.decisions),
+        )
+        for name, keeps in checks:
+            heap: list[tuple[int, str]] = getattr(self, name)
+            if len(heap) > 2 * held:
+                kept = [entry for entry in heap if keeps(entry[1])]
+                heapq.heapify(kept)
+                setattr(self, name, kept)
 
     def _forget(self, job_id: str) -> None:
         self.decisions.pop(job_id, None)

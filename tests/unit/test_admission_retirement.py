@@ -108,3 +108,18 @@ def test_a_copy_of_a_decision_after_retirement_folds_as_new_and_goes_again() -> 
     assert state.retire(T + DEADLINE + R, DEADLINE) == ["a"]
     assert state.retire(T + 10 * R, DEADLINE) == []
     assert state._retire_at == []
+
+
+def test_the_heaps_do_not_grow_with_jobs_let_go_of() -> None:
+    state = _state()
+    for n in range(5000):
+        job, at = f"j{n}", T + n
+        state.apply(decided(job, at=at).model_copy(update={"event_id": f"decision:{job}:1"}))
+        state.apply(hold(job, ("alloc", 1)).model_copy(update={"event_id": f"hold:{job}:1"}))
+        state.observe(started(job, at + 1))
+        state.observe(finished(job, at + 2))
+        state.apply(_released(job, at + 2).model_copy(update={"event_id": f"release:{job}:1"}))
+        state.retire(at + 2, DEADLINE)
+    assert len(state.jobs) < 2 * R and len(state.decisions) < 2 * R
+    for heap in (state._start_deadlines, state._expiries, state._retire_at):
+        assert len(heap) <= 2 * (len(state.jobs) + len(state.decisions) + 1024)
