@@ -232,15 +232,20 @@ class _Plan:
 
 
 class _Retirement:
-    """When the meter lets go of finished jobs: per partition, the stream's clock (the latest
-    instant of an event metered from it: a replay of the past retires as the live run did) and a
-    heap of (instant the job may go, job). After an assignment the table's jobs are indexed
-    again (`index`): a recovered table brings no heap."""
+    """When the meter lets go of finished jobs, per partition: a heap of (instant the job may go,
+    job) and two clocks. `metered_to`: the latest instant of an event metered from the partition
+    since this worker took it; a job goes once it passes the job's last instant by the retention
+    (a replay of the past retires as the live run did). `clocks`: the same, or the latest instant
+    the table's jobs hold, if later; an event of a job the table holds nothing of, a retention
+    behind it, is late. After an assignment the table is indexed again (`index`) and `metered_to`
+    starts over: the events since the last commit come again, and a job they heal (a lost
+    emission, `JobMeter.apply`) must still be held when they come."""
 
     def __init__(self, retention_s: int, partitions: int) -> None:
         self.retention_s = retention_s
         self.partitions = partitions
         self.clocks: dict[int, int] = {}
+        self.metered_to: dict[int, int] = {}
         self._due: dict[int, list[tuple[int, str]]] = defaultdict(list)
         self.indexed = False
 
@@ -253,9 +258,11 @@ class _Retirement:
         clock = self.clocks.get(partition)
         return None if clock is None else clock - self.retention_s
 
-    def saw(self, partition: int, at: int) -> None:
+    def saw(self, partition: int, at: int, metered: bool = True) -> None:
         if at > self.clocks.get(partition, at - 1):
             self.clocks[partition] = at
+        if metered and at > self.metered_to.get(partition, at - 1):
+            self.metered_to[partition] = at
 
     def follow(self, partition: int, job_id: str, state: JobMeter) -> None:
         last = state.last_instant()
@@ -266,23 +273,24 @@ class _Retirement:
         heapq.heappush(self._due[partition], (at, job_id))
 
     def index(self, table: Any) -> None:
-        """Every finished job of the table onto its partition's heap, and each partition's clock
-        from the latest instant its jobs hold."""
+        """Every finished job of the table onto its partition's heap; each partition's clock from
+        the latest instant its jobs hold."""
         self._due.clear()
+        self.metered_to.clear()
         for key, raw in list(table.items()):
             if not raw:
                 continue
             state = JobMeter.from_bytes(raw)
             partition = self.partition_of(key)
             if state.boundaries:
-                self.saw(partition, max(b[0] for b in state.boundaries))
+                self.saw(partition, max(b[0] for b in state.boundaries), metered=False)
             self.follow(partition, state.job_id, state)
         self.indexed = True
         log.info("meter_table_indexed", jobs=len(table), clocks=self.clocks)
 
     def due(self, partition: int) -> list[str]:
         """The jobs whose time to go has come on the partition (each checked again by the caller)."""
-        clock, heap, found = self.clocks.get(partition), self._due.get(partition), []
+        clock, heap, found = self.metered_to.get(partition), self._due.get(partition), []
         while clock is not None and heap and heap[0][0] <= clock:
             found.append(heapq.heappop(heap)[1])
         return found
@@ -510,7 +518,7 @@ def create_app(settings: Settings) -> faust.App:
         retired = 0
         # Only the partitions this worker meters: its table may hold standby copies of others.
         owned = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == job_events_topic}
-        for partition in [p for p in retirement.clocks if p in owned]:
+        for partition in [p for p in retirement.metered_to if p in owned]:
             for job_id in retirement.due(partition):
                 key = job_id.encode()
                 raw = meters.get(key)
@@ -523,19 +531,19 @@ def create_app(settings: Settings) -> faust.App:
                     # Kept: a later batch lets it go (an open dispute keeps it: its resolution
                     # re-emits the job's entries from this state).
                     decoded.put(job_id, raw, state)
-                    retirement.later(partition, retirement.clocks[partition] + 1, job_id)
+                    retirement.later(partition, retirement.metered_to[partition] + 1, job_id)
                     continue
                 last = state.last_instant()
-                if last is None or last + retirement.retention_s > retirement.clocks[partition]:
+                if last is None or last + retirement.retention_s > retirement.metered_to[partition]:
                     decoded.put(job_id, raw, state)
                     retirement.follow(partition, job_id, state)
                     continue
                 del meters[key]
-                out.send(ledger_entries_topic, key, encode_retired(job_id, retirement.clocks[partition]))
+                out.send(ledger_entries_topic, key, encode_retired(job_id, retirement.metered_to[partition]))
                 retired += 1
         if retired:
             METER_RETIRED_JOBS.inc(retired)
-            log.info("meter_jobs_retired", jobs=retired, clocks=retirement.clocks)
+            log.info("meter_jobs_retired", jobs=retired, clocks=retirement.metered_to)
 
     def emit(out: _Deliveries, key: bytes, entries: list[LedgerEntry]) -> None:
         """A job's entries to the ledger-entry topic: each entry's newest revision, in as few

@@ -57,8 +57,13 @@ class Record:
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    """The meter's own clock skew (the shared fixture widens it for fictional 2027 instants)."""
-    return settings.model_copy(update={"clock_skew_s": Settings.model_fields["clock_skew_s"].default})
+    """The meter's own clock skew (the shared fixture widens it for fictional 2027 instants), and a
+    retention longer than the trace: a bad record long after its job would otherwise find the job
+    let go of (dead-lettered as `retired`, or a conflicting submission taken for a new job's),
+    depending on where the batches fall (tests/integration/test_retention.py covers that)."""
+    default_skew = Settings.model_fields["clock_skew_s"].default
+    decade = 10 * 365 * 86_400
+    return settings.model_copy(update={"clock_skew_s": default_skew, "ended_job_retention_s": decade})
 
 
 def _send(settings: Settings, topic: str, records: list[Record]) -> dict[tuple[int, int], Record]:

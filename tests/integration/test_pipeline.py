@@ -6,6 +6,7 @@ import contextlib
 import random
 import signal
 import threading
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from allmende.core.kafka_local import free_port
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.replay import make_producer, publish, timeline
+from allmende.core.settings import Settings
 from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.traces import TraceFormat, TraceJob, job_events, with_idle_placeholders
@@ -52,9 +54,21 @@ def _expected_per_job(jobs: list[TraceJob]) -> dict[str, int]:
     return {j.job_id: j.gpu_seconds for j in jobs if j.gpu_seconds}
 
 
-def _wait_ledger(store: LedgerStore, expected: dict[str, int], timeout: float = 180) -> dict[str, int]:
+def _wait_ledger(
+    store: LedgerStore, expected: dict[str, int], timeout: float = 180, settings: Settings | None = None
+) -> dict[str, int]:
     want = sum(expected.values())
-    wait_until(lambda: store.total_gpu_seconds() >= want, timeout, f"ledger to reach {want} GPU-s")
+    try:
+        wait_until(lambda: store.total_gpu_seconds() >= want, timeout, f"ledger to reach {want} GPU-s")
+    except TimeoutError as exc:  # which jobs, and what the dead-letter topic holds
+        got = store.job_gpu_seconds()
+        wrong = {j: (got.get(j, 0), n) for j, n in expected.items() if got.get(j, 0) != n}
+        raw = read_topic(settings, settings.dead_letter_topic, 100_000, timeout=5) if settings else []
+        codes = Counter(DeadLetter.model_validate_json(v).code for v in raw)
+        first = dict(list(wrong.items())[:10])
+        raise TimeoutError(
+            f"{exc}; {len(wrong)} jobs differ (got, want): {first}; dead letters {codes}"
+        ) from None
     # Settle: a double count would keep growing past the target.
     got = wait_until(lambda: (t := store.job_gpu_seconds()) and sum(t.values()) == want and t, 30, "settle")
     return {k: v for k, v in got.items() if v}
@@ -135,7 +149,7 @@ def test_a_worker_killed_mid_replay_and_restarted_loses_and_doubles_nothing(
     replay.join()
     producer.close()
 
-    assert _wait_ledger(store, expected) == expected
+    assert _wait_ledger(store, expected, settings=settings) == expected
     _assert_idle_exact(store, jobs)
 
 
