@@ -278,6 +278,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "tokens",
                 "writer",
                 "decision_writer",
+                "preemption_writer",
                 "fairshare",
                 "admission",
                 "admin",

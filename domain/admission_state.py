@@ -21,7 +21,7 @@ retention late; the meter dead-letters those.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
@@ -455,18 +455,13 @@ class AdmissionState:
         """Drop the heap entries of jobs let go of, once they are most of a heap: a start deadline
         or hold expiry is due only an hour or more after admission, and its entry would keep the
         job's id (and the heap) growing with every job admitted meanwhile."""
-        held = len(self.jobs) + len(self.decisions) + 1024
-        checks: tuple[tuple[str, Callable[[str], bool]], ...] = (
-            ("_start_deadlines", lambda job: job in self.jobs),
-            ("_expiries", lambda job: job in self.holds),
-            ("_retire_at", lambda job: job in self.jobs or job in self.decisions),
-        )
-        for name, keeps in checks:
-            heap: list[tuple[int, str]] = getattr(self, name)
-            if len(heap) > 2 * held:
-                kept = [entry for entry in heap if keeps(entry[1])]
-                heapq.heapify(kept)
-                setattr(self, name, kept)
+        limit = 2 * (len(self.jobs) + len(self.decisions) + 1024)
+        if len(self._start_deadlines) > limit:
+            self._start_deadlines = _kept(self._start_deadlines, self.jobs)
+        if len(self._expiries) > limit:
+            self._expiries = _kept(self._expiries, self.holds)
+        if len(self._retire_at) > limit:
+            self._retire_at = _kept(self._retire_at, self.jobs.keys() | self.decisions.keys())
 
     def _forget(self, job_id: str) -> None:
         self.decisions.pop(job_id, None)
@@ -559,3 +554,10 @@ class AdmissionState:
         for job_event in job_events:
             state.observe(job_event)
         return state
+
+
+def _kept(heap: list[tuple[int, str]], jobs: Container[str]) -> list[tuple[int, str]]:
+    """The heap's entries of `jobs`, a heap again."""
+    kept = [entry for entry in heap if entry[1] in jobs]
+    heapq.heapify(kept)
+    return kept

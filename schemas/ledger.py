@@ -100,27 +100,16 @@ def encode_retired(job_id: str, at: int) -> bytes:
     return orjson.dumps({"retired": job_id, "at": at})
 
 
-def retired_marker(raw: bytes | None) -> tuple[str, int] | None:
-    """(job, the meter's clock) of a `retired` record, or None for any other record (entries
-    are arrays)."""
+def retired_job(raw: bytes | None) -> str | None:
+    """The job a `retired` record lets go of, or None for any other record (entries are arrays)."""
     if not raw or raw[:1] != b"{":
         return None
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(data, dict):
-        return None
-    job, at = data.get("retired"), data.get("at")
-    if not (isinstance(job, str) and job and type(at) is int):
-        return None
-    return job, at
-
-
-def retired_job(raw: bytes | None) -> str | None:
-    """The job a ledger-entry record retires, or None for any other record."""
-    marker = retired_marker(raw)
-    return marker[0] if marker is not None else None
+    job = data.get("retired") if isinstance(data, dict) else None
+    return job if isinstance(job, str) and job and type(data.get("at")) is int else None
 
 
 def decode_entries(raw: bytes) -> list[LedgerEntry]:

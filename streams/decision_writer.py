@@ -20,6 +20,7 @@ saved offsets.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +53,10 @@ def decisions_of(records: Iterable[Any]) -> tuple[list[tuple[int, AdmissionDecid
         count += 1
         try:
             event = parse_admission_event(record.value)
-        except ContractError as exc:
-            unreadable += 1
-            log.error("decision_writer_unreadable", offset=record.offset, reason=exc.reason)
-            continue
         except Exception as exc:  # whatever a record holds, it never fails the batch
             unreadable += 1
-            log.error("decision_writer_unreadable", offset=record.offset, reason=repr(exc))
+            reason = exc.reason if isinstance(exc, ContractError) else repr(exc)
+            log.error("decision_writer_unreadable", offset=record.offset, reason=reason)
             continue
         if not isinstance(event, AdmissionDecided):
             continue
@@ -83,7 +81,9 @@ class DecisionWriter(OffsetsBesideData):
     def __init__(self, settings: Settings, store: LedgerStore, consumer_name: str | None = None) -> None:
         register(DECISION_WRITER)
         name = consumer_name or f"{settings.writer_group}-decisions"
-        super().__init__(settings, store, settings.admission_topic, name)
+        super().__init__(
+            settings, store, settings.admission_topic, name, lambda: nullcontext(self.write_batch)
+        )
         self.decisions_written = 0
         self.records_unreadable = 0
         self._decided_through: int | None = None

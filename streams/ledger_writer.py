@@ -19,11 +19,13 @@ from __future__ import annotations
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import structlog
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from kafka.producer.future import FutureRecordMetadata
 
 from allmende.core.ledger_store import LedgerStore
@@ -43,7 +45,7 @@ from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.ledger import LedgerEntry, decode_entries, retired_job
 from allmende.streams.admin_log import AdminLog
-from allmende.streams.offsets_beside_data import OffsetsBesideData
+from allmende.streams.offsets_beside_data import OffsetsBesideData, Write
 
 log = structlog.get_logger(__name__)
 
@@ -134,8 +136,10 @@ class LedgerWriter(OffsetsBesideData):
     ) -> None:
         register(WRITER)
         super().__init__(
-            settings, store, settings.ledger_entries_topic, consumer_name or settings.writer_group
-        )
+            settings, store, settings.ledger_entries_topic, consumer_name or settings.writer_group,
+            self._session_of_run, on_revoked=self._forget_all, lag_gauge=WRITER_LAG_RECORDS,
+            fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20,
+        )  # fmt: skip
         # The policy timeline comes from the admin log, read to its end before every batch.
         self.admin_log = admin_log
         self._owns_admin_log = admin_log is None
@@ -197,10 +201,13 @@ class LedgerWriter(OffsetsBesideData):
         return BatchResult(len(records), len(postings), refused)
 
     # -- the loop ------------------------------------------------------------------------------
-    def _revoked(self) -> None:
-        self._cache.clear()  # another writer may post these jobs now
+    def _forget_all(self) -> None:
+        self._cache.clear()  # partitions went to another writer: it may post these jobs now
 
-    def run(self, stop: threading.Event) -> None:
+    @contextmanager
+    def _session_of_run(self) -> Iterator[Write]:
+        """What a run needs: the ledger reconciled, the admin log, a producer for dead letters;
+        and the function posting one batch."""
         s = self.settings
         # A batch whose INSERT failed may have landed all the same (a ClickHouse server that wrote
         # the part, then the answer was lost): the ledger, not this cache, says what is posted.
@@ -210,9 +217,6 @@ class LedgerWriter(OffsetsBesideData):
         if self.admin_log is None:
             self.admin_log = AdminLog(s, dead_letters=False)
         admin_log = self.admin_log
-        consumer = self._consumer(
-            fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024
-        )
         producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, linger_ms=20)
 
         # Dead letters of the batch in hand. `flush` waits until each is done, delivered or not;
@@ -223,36 +227,21 @@ class LedgerWriter(OffsetsBesideData):
         def dead_letter(record: DeadLetter) -> None:
             letters.append(producer.send(s.dead_letter_topic, value=record.to_json()))
 
-        self._attach(consumer)
-        self.last_error = None  # Kafka answers again: a failure before is over (no batch may come)
+        def write(batch: Sequence[Any]) -> None:
+            records = [(r.partition, r.offset, r.key, r.value) for r in batch]
+            with WRITER_BATCH_SECONDS.time(), self.posting_lock:
+                admin_log.catch_up()
+                self.post_batch(records, dead_letter, admin_log.timeline())
+                producer.flush()
+                for letter in letters:
+                    letter.get(timeout=0)  # raises what kept it from the broker
+                letters.clear()
+                self._save_offsets(batch)
+
         try:
-            while not stop.is_set():
-                records = [(r.partition, r.offset, r.key, r.value) for r in self._take(consumer, stop)]
-                if records:
-                    with WRITER_BATCH_SECONDS.time(), self.posting_lock:
-                        admin_log.catch_up()
-                        self.post_batch(records, dead_letter, admin_log.timeline())
-                        producer.flush()
-                        for letter in letters:
-                            letter.get(timeout=0)  # raises what kept it from the broker
-                        letters.clear()
-                        next_offsets: dict[int, int] = {}
-                        for partition, offset, _, _ in records:
-                            next_offsets[partition] = max(next_offsets.get(partition, 0), offset + 1)
-                        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
-                    if s.writer_mode == "group":
-                        consumer.commit_async()
-                    self.batches += 1
-                    self.last_error = None  # posting again: a failure before is over
-                self._update_lag(consumer)
+            yield write
         finally:
-            consumer.close(autocommit=False)
             producer.close(timeout=5)
             if self._owns_admin_log:
                 admin_log.close()
                 self.admin_log = None
-
-    def _update_lag(self, consumer: KafkaConsumer) -> None:
-        behind = self._lag.check(consumer, list(consumer.assignment()))
-        for tp, lag in (behind or {}).items():
-            WRITER_LAG_RECORDS.labels(partition=str(tp.partition)).set(lag)

@@ -441,8 +441,12 @@ def create_app(settings: Settings) -> faust.App:
             # submission carries the instant the job was queued, days ago perhaps: never late,
             # and what follows it is the job's).
             unknown = state.submitted is None and not state.boundaries
-            late = unknown and horizon is not None and parsed.occurred_at <= horizon
-            if late and horizon is not None and not isinstance(parsed, JobSubmitted):
+            if (
+                unknown
+                and horizon is not None
+                and parsed.occurred_at <= horizon
+                and not isinstance(parsed, JobSubmitted)
+            ):
                 METER_LATE_EVENTS.inc()
                 refuse(out, event, _late(job_id, parsed.occurred_at, horizon), "retired")
                 continue
@@ -485,10 +489,15 @@ def create_app(settings: Settings) -> faust.App:
         if not retirement.indexed:
             retirement.index(meters)
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
+        latest: dict[int, int] = {}  # per partition: the clocks move once the batch is judged by them
         for event in batch:
             parsed = parsed_or_refused(out, event)
             if parsed is not None:
                 by_job[parsed.job_id].append((event, parsed))
+                # A submission's instant is when the job was queued; one beyond the skew is refused.
+                at, partition = parsed.occurred_at, event.message.partition
+                if not isinstance(parsed, JobSubmitted) and at <= now + settings.clock_skew_s:
+                    latest[partition] = max(latest.get(partition, at), at)
         for job_id, items in by_job.items():
             key = job_id.encode()
             raw = meters.get(key)
@@ -503,10 +512,8 @@ def create_app(settings: Settings) -> faust.App:
             emit(out, key, emitted)
             retirement.follow(partition, job_id, state)
             METER_EVENTS.inc(len(items))
-        for items in by_job.values():  # the clocks move once the batch is judged by them
-            for event, parsed in items:
-                if not isinstance(parsed, JobSubmitted) and parsed.occurred_at <= now + settings.clock_skew_s:
-                    retirement.saw(event.message.partition, parsed.occurred_at)
+        for partition, at in latest.items():
+            retirement.saw(partition, at)
         retire(out, in_force, by_job.keys())
         await out.delivered()
         note_lag(batch)
@@ -519,27 +526,27 @@ def create_app(settings: Settings) -> faust.App:
         # Only the partitions this worker meters: its table may hold standby copies of others.
         owned = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == job_events_topic}
         for partition in [p for p in retirement.metered_to if p in owned]:
+            clock = retirement.metered_to[partition]
             for job_id in retirement.due(partition):
-                key = job_id.encode()
-                raw = meters.get(key)
-                if not raw:
-                    continue  # gone already (the heap may hold a job twice)
-                state = decoded.get(job_id, raw)
                 stage = in_force.disputes.get(job_id)
                 unsettled = stage is not None and (followed.get(job_id) != stage or stage == DISPUTED)
                 if job_id in touched or unsettled:
                     # Kept: a later batch lets it go (an open dispute keeps it: its resolution
                     # re-emits the job's entries from this state).
-                    decoded.put(job_id, raw, state)
-                    retirement.later(partition, retirement.metered_to[partition] + 1, job_id)
+                    retirement.later(partition, clock + 1, job_id)
                     continue
+                key = job_id.encode()
+                raw = meters.get(key)
+                if not raw:
+                    continue  # gone already (the heap may hold a job twice)
+                state = decoded.get(job_id, raw)
                 last = state.last_instant()
-                if last is None or last + retirement.retention_s > retirement.metered_to[partition]:
+                if last is None or last + retirement.retention_s > clock:  # a later event came
                     decoded.put(job_id, raw, state)
                     retirement.follow(partition, job_id, state)
                     continue
                 del meters[key]
-                out.send(ledger_entries_topic, key, encode_retired(job_id, retirement.metered_to[partition]))
+                out.send(ledger_entries_topic, key, encode_retired(job_id, clock))
                 retired += 1
         if retired:
             METER_RETIRED_JOBS.inc(retired)

@@ -1,21 +1,25 @@
 """A topic consumer that writes to ClickHouse and keeps its offsets there, beside what it wrote.
 
-The ledger writer and the decision writer are both this: a thread that reads its topic from the
+The ledger, decision and preemption writers are all this: a thread that reads its topic from the
 offsets saved in `ingest_offsets` (never Kafka's committed ones), writes a batch, then saves the
 offsets past it, so a crash between the two reads the batch again and never skips it; after a
-failure (Kafka or ClickHouse away) it starts again from those offsets.
+failure (Kafka or ClickHouse away) it starts again from those offsets. What a writer does with a
+batch comes from its `session`: a context opened for each run (what the run needs beside the
+consumer: a producer, a reconciled ledger) that gives the function writing one batch.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import structlog
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from prometheus_client import Gauge
 
 from allmende.core.kafka_reading import LagWatch, wait_for_partitions
 from allmende.core.ledger_store import LedgerStore
@@ -25,14 +29,32 @@ log = structlog.get_logger(__name__)
 RETRY_S = 2.0  # the wait before `run` starts again after a failure
 
 
+Write = Callable[[Sequence[Any]], object]  # writes a batch of consumer records, then their offsets
+
+
 class OffsetsBesideData:
     thread_name = "writer"  # the thread's name, and the log event of a failure (`<name>_failed`)
 
-    def __init__(self, settings: Settings, store: LedgerStore, topic: str, consumer_name: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: LedgerStore,
+        topic: str,
+        consumer_name: str,
+        session: Callable[[], AbstractContextManager[Write]],
+        *,
+        on_revoked: Callable[[], None] | None = None,
+        lag_gauge: Gauge | None = None,
+        **consumer_options: int,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.topic = topic
         self.consumer_name = consumer_name
+        self._session = session
+        self._on_revoked = on_revoked  # partitions went to another writer (group mode)
+        self._lag_gauge = lag_gauge  # records behind per partition, if a metric shows it
+        self._consumer_options = consumer_options
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lag = LagWatch()
@@ -63,25 +85,25 @@ class OffsetsBesideData:
                 stop.wait(RETRY_S)
 
     def run(self, stop: threading.Event) -> None:
-        """Read the topic from the stored offsets and `write_batch` what comes, until `stop`."""
-        consumer = self._consumer()
-        try:
-            self._attach(consumer)
-            self.last_error = None  # Kafka answers again: a failure before is over
-            while not stop.is_set():
-                records = self._take(consumer, stop)
-                if records:
-                    self.write_batch(records)
-                    if self.settings.writer_mode == "group":
-                        consumer.commit_async()  # for lag dashboards only
-                    self.last_error = None
-                self._lag.check(consumer, list(consumer.assignment()))
-        finally:
-            consumer.close(autocommit=False)
-
-    def write_batch(self, records: Sequence[Any]) -> Any:
-        """Write what the records (Kafka consumer records) hold, then `_save_offsets` past them."""
-        raise NotImplementedError
+        """Read the topic from the stored offsets and write what comes, until `stop`."""
+        with self._session() as write:
+            consumer = self._consumer(**self._consumer_options)
+            try:
+                self._attach(consumer)
+                self.last_error = None  # Kafka answers again: a failure before is over
+                while not stop.is_set():
+                    records = self._take(consumer, stop)
+                    if records:
+                        write(records)
+                        if self.settings.writer_mode == "group":
+                            consumer.commit_async()  # for lag dashboards only
+                        self.last_error = None  # writing again: a failure before is over
+                    behind = self._lag.check(consumer, list(consumer.assignment()))
+                    if self._lag_gauge is not None:
+                        for tp, lag in (behind or {}).items():
+                            self._lag_gauge.labels(partition=str(tp.partition)).set(lag)
+            finally:
+                consumer.close(autocommit=False)
 
     def _save_offsets(self, records: Sequence[Any]) -> None:
         """The offsets past `records`, saved once what they hold is written: a crash between the
@@ -112,7 +134,8 @@ class OffsetsBesideData:
 
         class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-                writer._revoked()
+                if writer._on_revoked is not None:
+                    writer._on_revoked()
 
             def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
                 writer._seek_to_stored(consumer, assigned)
@@ -123,9 +146,6 @@ class OffsetsBesideData:
             partitions = wait_for_partitions(consumer, self.topic)
             consumer.assign(partitions)
             self._seek_to_stored(consumer, partitions)
-
-    def _revoked(self) -> None:
-        """Partitions went to another writer (group mode): what is cached of them is not ours."""
 
     def _seek_to_stored(self, consumer: KafkaConsumer, partitions: Iterable[TopicPartition]) -> None:
         """Resume from the offsets saved beside the data, not from Kafka's committed ones."""

@@ -10,6 +10,7 @@ not a valid job event is the meter's to dead-letter, and is passed by here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from allmende.core.ledger_store import LedgerStore
@@ -38,7 +39,9 @@ class PreemptionWriter(OffsetsBesideData):
 
     def __init__(self, settings: Settings, store: LedgerStore) -> None:
         name = f"{settings.writer_group}-preemptions"
-        super().__init__(settings, store, settings.job_events_topic, name)
+        super().__init__(
+            settings, store, settings.job_events_topic, name, lambda: nullcontext(self.write_batch)
+        )
 
     def write_batch(self, records: Sequence[Any]) -> int:
         found = preemptions_of(records)

@@ -56,9 +56,10 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
         except Exception as exc:  # health must answer, whatever broke
             clickhouse = f"error: {exc}"
         writer_state = "disabled" if writer is None else (writer.last_error or "running")
-        decisions = getattr(request.app.state, "decision_writer", None)  # beside the ledger writer
-        if writer_state == "running" and decisions is not None and decisions.last_error:
-            writer_state = f"decision writer: {decisions.last_error}"
+        for name in ("decision_writer", "preemption_writer"):  # the histories beside the ledger writer
+            history = getattr(request.app.state, name, None)
+            if writer_state == "running" and history is not None and history.last_error:
+                writer_state = f"{name.replace('_', ' ')}: {history.last_error}"
         alerter = request.app.state.alerter
         alerts = "disabled" if alerter is None else (alerter.last_error or "running")
         calculator = request.app.state.fairshare
