@@ -172,6 +172,10 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         loops.append(
             _every(RETIRE_EVERY_S, "retire", lambda: run_in_threadpool(admission.retire_ended, through))
         )
+        if s.checkpoint_every_s > 0:  # a start loads the latest and reads only the log's tail
+            loops.append(
+                _every(s.checkpoint_every_s, "checkpoint", lambda: run_in_threadpool(admission.checkpoint))
+            )
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
         writer=writer, decision_writer=decision_writer, preemption_writer=preemption_writer,
@@ -287,6 +291,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "refused",
             ):
                 setattr(app.state, name, getattr(components, name))
+            app.state.ticket_key, app.state.ticket_ttl_s = s.ticket_key(), s.admission_ticket_ttl_s
             yield
 
     return build_api(lifespan)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from allmende.domain.admission_model import ClusterLoad, Lane, RunningJob
 from allmende.domain.metering import utilization_bp
@@ -546,6 +547,67 @@ class AdmissionState:
                 due[job_id] = "expired"
         return sorted(due.items())
 
+    # -- checkpoints (services/admission_service.py): the state as plain data, and back ---------
+    def dump(self) -> dict[str, Any]:
+        """Everything a replay would rebuild, as JSON-able data in one canonical order: the same
+        state gives the same data. Heaps keep their list order (a heap is a list with an order);
+        the indexes that point at holds and jobs are dumped as ids. Not the settings (`retention_s`,
+        `squat`): the restoring service gives its own, and a checkpoint taken under others is not
+        loaded (its fingerprint)."""
+        return {
+            "decisions": [self.decisions[j].model_dump(mode="json") for j in sorted(self.decisions)],
+            "holds": [_hold_row(self.holds[j]) for j in sorted(self.holds)],
+            "jobs": [_job_row(self.jobs[j]) for j in sorted(self.jobs)],
+            "unhealthy": sorted([c, h] for c, h in self.unhealthy),
+            "seen": {j: sorted(ids) for j, ids in sorted(self._seen.items())},
+            "seen_hosts": dict(sorted(self._seen_hosts.items())),
+            "retire_at": [list(e) for e in self._retire_at],
+            "retired_through": sorted([p, at] for p, at in self._retired_through.items()),
+            "live": {c: sorted(j.job_id for j in load.jobs) for c, load in sorted(self.live.items())},
+            "active_holds": {p: sorted(h) for p, h in sorted(self.active_holds.items())},
+            "start_deadlines": [list(e) for e in self._start_deadlines],
+            "held_base": {p: dict(sorted(b.items())) for p, b in sorted(self._held_base.items())},
+            "spending": {p: sorted(j) for p, j in sorted(self._spending.items())},
+            "ended": sorted(self._ended),
+            "expiries": [list(e) for e in self._expiries],
+            "due": dict(sorted(self._due.items())),
+            "preempted": sorted(self.preempted),
+        }
+
+    @classmethod
+    def restore(
+        cls, data: Mapping[str, Any], retention_s: int | None = None, squat: SquatRule | None = None
+    ) -> AdmissionState:
+        """The state `dump` was taken of. ValueError (or KeyError, TypeError) when the data cannot
+        be what `dump` gave."""
+        state = cls(retention_s=retention_s, squat=squat)
+        for raw in data["decisions"]:
+            decided = AdmissionDecided.model_validate(raw)
+            state.decisions[decided.job_id] = decided
+        for job_id, project, allocations, expires_at, released in data["holds"]:
+            pairs = tuple((str(a), _int(u)) for a, u in allocations)
+            state.holds[job_id] = Hold(job_id, project, pairs, _int(expires_at), bool(released))
+        for row in data["jobs"]:
+            job = _job_of(row)
+            state.jobs[job.job_id] = job
+        state.unhealthy = {(c, h) for c, h in data["unhealthy"]}
+        state._seen = {j: set(ids) for j, ids in data["seen"].items()}
+        state._seen_hosts = {e: _int(at) for e, at in data["seen_hosts"].items()}
+        state._retire_at = _heap(data["retire_at"])
+        state._retired_through = {_int(p): _int(at) for p, at in data["retired_through"]}
+        state.live = {
+            c: ClusterLoad(state.jobs[j].as_running() for j in ids) for c, ids in data["live"].items()
+        }
+        state.active_holds = {p: {j: state.holds[j] for j in ids} for p, ids in data["active_holds"].items()}
+        state._start_deadlines = _heap(data["start_deadlines"])
+        state._held_base = {p: {a: _int(u) for a, u in b.items()} for p, b in data["held_base"].items()}
+        state._spending = {p: set(ids) for p, ids in data["spending"].items()}
+        state._ended = set(data["ended"])
+        state._expiries = _heap(data["expiries"])
+        state._due = dict(data["due"])
+        state.preempted = set(data["preempted"])
+        return state
+
     @classmethod
     def of(cls, events: Iterable[AdmissionEvent], job_events: Iterable[JobEvent] = ()) -> AdmissionState:
         state = cls()
@@ -561,3 +623,45 @@ def _kept(heap: list[tuple[int, str]], jobs: Container[str]) -> list[tuple[int, 
     kept = [entry for entry in heap if entry[1] in jobs]
     heapq.heapify(kept)
     return kept
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ValueError(f"a checkpoint holds {value!r} where an integer belongs")
+    return value
+
+
+def _heap(rows: Iterable[Sequence[Any]]) -> list[tuple[int, str]]:
+    """A dumped heap: its entries as tuples (a list entry would not compare with a pushed tuple),
+    in its order, checked."""
+    heap = [(_int(at), str(job)) for at, job in rows]
+    if any(heap[(i - 1) // 2] > heap[i] for i in range(1, len(heap))):
+        raise ValueError("a dumped heap is not in heap order")
+    return heap
+
+
+_JOB_FIELDS = (
+    "job_id", "cluster", "project", "user", "gpus", "priority_class", "interactive", "requested_seconds",
+    "lane", "admitted_at", "started", "since", "hosts", "finished", "last", "preemptions", "busy_read_at",
+    "low_read_at", "idle_since", "partition",
+)  # fmt: skip
+
+
+def _job_row(job: JobSeen) -> list[Any]:
+    row: list[Any] = [getattr(job, name) for name in _JOB_FIELDS]
+    return [list(v) if isinstance(v, tuple) else v for v in row]
+
+
+def _job_of(row: Sequence[Any]) -> JobSeen:
+    values = dict(zip(_JOB_FIELDS, row, strict=True))
+    for name in ("gpus", "requested_seconds", "since", "busy_read_at", "low_read_at", "partition"):
+        _int(values[name])
+    values["lane"] = Lane(values["lane"]) if values["lane"] is not None else None
+    values["hosts"] = tuple(values["hosts"])
+    values["last"] = (_int(values["last"][0]), _int(values["last"][1]))  # compared with tuples
+    values["preemptions"] = tuple((_int(at), str(why)) for at, why in values["preemptions"])
+    return JobSeen(**values)
+
+
+def _hold_row(hold: Hold) -> list[Any]:
+    return [hold.job_id, hold.project, [list(a) for a in hold.allocations], hold.expires_at, hold.released]

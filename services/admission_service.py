@@ -32,8 +32,9 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
+from allmende.core.checkpoints import Checkpoint, CheckpointStore, Offsets, offsets_problem
 from allmende.core.kafka_reading import (
     LagWatch,
     appended_late,
@@ -81,6 +82,7 @@ from allmende.streams.admin_log import AdminLog
 from allmende.streams.fairshare_calculator import FairShareCalculator
 
 log = structlog.get_logger(__name__)
+CHECKPOINT_KIND = "admission"
 STOP_TIMEOUT_S = 5.0  # how long a stop waits for the broker to take what is still on its way
 
 
@@ -140,6 +142,18 @@ class AdmissionService:
         self._jobs_lag = LagWatch()
         self.jobs_caught_up = self._jobs_lag.caught_up
         self.last_error: str | None = None
+        # What the state covers, for checkpoints: the next own-log offset a replay read to, and per
+        # job-event partition the next offset folded (under the lock, with the fold).
+        self._log_next = 0
+        self._jobs_next: dict[int, int] = {}
+        self._unsettled = 0  # host reports and releases between the state and the log (lock)
+        self._diverged = False  # the log holds what the state voided: no checkpoint of this state
+        self.checkpoints = (
+            CheckpointStore(settings.checkpoint_dir, settings.topic_prefix)
+            if settings.checkpoint_every_s > 0
+            else None
+        )
+        self.resumed_from: Offsets | None = None  # the checkpoint's offsets the start loaded
 
     def now(self) -> int:
         return int(self.clock())
@@ -178,11 +192,12 @@ class AdmissionService:
             await asyncio.to_thread(self._jobs_thread.join, 10)
 
     def _replay_own_log(self) -> None:
-        """Rebuild from the admission log: what was answered before a restart is answered again."""
+        """Rebuild from the admission log: what was answered before a restart is answered again.
+        From the latest checkpoint that fits the topics as they are, reading only what follows it."""
         s = self.settings
         tp = TopicPartition(s.admission_topic, 0)
         consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
-        state = self._new_state()
+        state = self._resume(consumer, tp) or self._new_state()
 
         def fold(record: Any) -> None:
             try:
@@ -197,6 +212,7 @@ class AdmissionService:
 
         try:
             events = read_to_end(consumer, tp, fold)
+            self._log_next = consumer.position(tp)
             with self._lock:
                 jobs = self.state.jobs  # job events folded meanwhile stay
                 self.state = state
@@ -205,14 +221,90 @@ class AdmissionService:
         finally:
             consumer.close(autocommit=False)
 
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, object]:
+        """What the state depends on besides its topics: another value, another state."""
+        s = self.settings
+        squat = [s.squat_max_utilization, s.squat_grace_s] if s.squat_reclaim else None
+        return {
+            "admission_topic": s.admission_topic, "job_events_topic": s.job_events_topic,
+            "retention_s": s.ended_job_retention_s, "squat": squat,
+        }  # fmt: skip
+
+    def _resume(self, consumer: KafkaConsumer, tp: TopicPartition) -> AdmissionState | None:
+        """The state of the latest checkpoint that fits both topics as they are now, with the own
+        log's consumer sought to the offset it covers and the job-event fold to start where it
+        stopped; None (logged when there was one) to replay both from their beginning."""
+        if self.checkpoints is None:
+            return None
+        checkpoint = self.checkpoints.load(CHECKPOINT_KIND, self._fingerprint())
+        if checkpoint is None:
+            return None
+        s = self.settings
+        try:
+            squat = SquatRule.of(s.squat_max_utilization, s.squat_grace_s) if s.squat_reclaim else None
+            state = AdmissionState.restore(checkpoint.body, s.ended_job_retention_s, squat)
+            jobs = [
+                TopicPartition(s.job_events_topic, p)
+                for p in consumer.partitions_for_topic(s.job_events_topic) or ()
+            ]
+            topics = (tp, *jobs)
+            beginnings, ends = consumer.beginning_offsets(list(topics)), consumer.end_offsets(list(topics))
+            problem = offsets_problem(
+                checkpoint.offsets,
+                _by_topic(beginnings),
+                _by_topic(ends),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problem = f"its body cannot be read: {exc!r}"
+        if problem is not None:
+            log.warning("checkpoint_ignored", kind=CHECKPOINT_KIND, reason=problem)
+            return None
+        consumer.seek(tp, checkpoint.offsets[s.admission_topic][0])
+        with self._lock:
+            self._jobs_next = dict(checkpoint.offsets[s.job_events_topic])
+        self.resumed_from = checkpoint.offsets
+        log.info("checkpoint_loaded", kind=CHECKPOINT_KIND, jobs=len(state.jobs),
+                 decisions=len(state.decisions), taken_at=checkpoint.taken_at)  # fmt: skip
+        return state
+
+    def checkpoint(self) -> int | None:
+        """Write a checkpoint of the state if it is the fold of exactly the log up to an offset
+        (no decision, release or host report between the state and the log) and the job events
+        are caught up; returns its size (None: not now). The copy is taken under the lock."""
+        if self.checkpoints is None or self._diverged or not self.jobs_caught_up.is_set():
+            return None
+        started = time.monotonic()
+        s = self.settings
+        with self._lock:
+            if self._inflight or self._release_retry or self._unsettled:
+                return None
+            acked = self._log.acked_end if self._log is not None else None
+            own = max(self._log_next, acked or 0)
+            offsets = {s.admission_topic: {0: own}, s.job_events_topic: dict(self._jobs_next)}
+            body = self.state.dump()
+        held_s = time.monotonic() - started
+        size = self.checkpoints.save(Checkpoint(CHECKPOINT_KIND, offsets, self._fingerprint(), body))
+        log.info("checkpoint_saved", kind=CHECKPOINT_KIND, bytes=size, jobs=len(body["jobs"]),
+                 lock_s=round(held_s, 4), seconds=round(time.monotonic() - started, 3))  # fmt: skip
+        return size
+
     def _follow_job_events(self) -> None:
-        """Fold the job lifecycle from the start of the job-event stream, then follow it."""
+        """Fold the job lifecycle from the start of the job-event stream (or from where the state
+        left it: a checkpoint, or the fold before Kafka went away), then follow it."""
         s = self.settings
         while not self._stop.is_set():
             consumer, partitions = replaying_consumer(
                 s.kafka_bootstrap_servers, s.job_events_topic,
                 client_id="allmende-admission", max_partition_fetch_bytes=16 * 1024 * 1024,
             )  # fmt: skip
+            first = consumer.beginning_offsets(partitions)
+            with self._lock:
+                for tp in partitions:  # every partition, so that a checkpoint covers each
+                    self._jobs_next.setdefault(tp.partition, first[tp])
+                folded = dict(self._jobs_next)
+            for tp in partitions:
+                consumer.seek(tp, folded[tp.partition])
             try:
                 while not self._stop.is_set():
                     polled = consumer.poll(timeout_ms=200, max_records=20_000)
@@ -223,9 +315,13 @@ class AdmissionService:
                                 events.append((parse_job_event(record.value), record.partition))
                             except ContractError:
                                 continue  # the meter dead-letters it; admission only needs the valid ones
-                    if events:
+                    positions = {
+                        tp.partition: records[-1].offset + 1 for tp, records in polled.items() if records
+                    }
+                    if positions:
                         with self._lock:
                             late = sum(not self.state.observe(e, partition) for e, partition in events)
+                            self._jobs_next.update(positions)
                         ADMISSION_LATE_EVENTS.inc(late)
                     self._jobs_lag.check(consumer, partitions)
             except Exception as exc:  # Kafka away: start over, the fold is order-free
@@ -366,7 +462,7 @@ class AdmissionService:
                     raise self._not_recorded(request.job_id, exc) from exc
                 inflight = _InFlight(answer, tentative, sent, deadline, record_by)
                 self._inflight[request.job_id] = inflight
-                sent.add_done_callback(functools.partial(_settled, inflight))
+                sent.add_done_callback(functools.partial(_settled, self, inflight))
                 ADMISSION_DECISIONS.labels(verdict=answer.verdict, lane=answer.lane or "").inc()
         try:
             await self._written(inflight.sent, inflight.deadline, inflight.record_by)
@@ -514,12 +610,17 @@ class AdmissionService:
         now = self.now()
         deadline, record_by = self._record_by()
         event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()))
+        with self._lock:
+            self._unsettled += 1  # the log may hold it before the state does
         try:
             await self._written(self._submit([event], record_by), deadline, record_by)
         except Exception as exc:  # Kafka away: no effect, here or after a restart (void there)
+            with self._lock:
+                self._unsettled -= 1
             raise AdmissionNotRecorded(f"the report on host {host}", exc, "report it again") from exc
         with self._lock:  # in effect once the log has it, as it will be after a restart
             self.state.apply(event)
+            self._unsettled -= 1
         return event
 
     async def release_due(self, chunk: int = RELEASE_CHUNK) -> list[HoldReleased]:
@@ -538,7 +639,11 @@ class AdmissionService:
             ]
         released: list[HoldReleased] = []
         retry, self._release_retry = self._release_retry, []
-        sends = [(retry, asyncio.ensure_future(self._publish(retry)))] if retry else []
+        sends = []
+        if retry:
+            with self._lock:
+                self._unsettled += 1  # applied already, and not in the log for sure
+            sends.append((retry, asyncio.ensure_future(self._publish(retry))))
         for first in range(0, len(due), chunk):
             with self._lock:
                 events = [
@@ -547,6 +652,7 @@ class AdmissionService:
                 ]
                 for event in events:
                     self.state.apply(event)
+                self._unsettled += 1  # the state holds them before the log does
             released.extend(events)
             sends.append((events, asyncio.ensure_future(self._publish(events))))
             await asyncio.sleep(0)
@@ -557,6 +663,8 @@ class AdmissionService:
             except Exception as exc:  # Kafka away: kept, and sent again next round
                 self._release_retry.extend(events)
                 failure = exc
+            with self._lock:
+                self._unsettled -= 1
         if failure is not None:
             raise failure
         return released
@@ -596,7 +704,7 @@ class AdmissionService:
             return self.state.held(self.calculator.usage.jobs, project)
 
 
-def _settled(inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
+def _settled(service: AdmissionService, inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
     """A send finished. One taken in time after its decision was voided (its acknowledgement
     later than the answer's deadline, though appended before `record_by`) is the one case where
     the log holds what the requester was told it does not: said loudly."""
@@ -605,6 +713,7 @@ def _settled(inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
     appended = sent.result()
     if appended is None or appended <= inflight.record_by:
         log.error("admission_recorded_after_refusal", job_id=inflight.decided.job_id, appended_ms=appended)
+        service._diverged = True  # a replay folds what this state voided: never checkpoint it
 
 
 def _attempt(state: AdmissionState, job_id: str) -> int:
@@ -643,3 +752,10 @@ def _victim_record(victim: Victim) -> VictimRecord:
     return VictimRecord(
         job_id=victim.job_id, project=victim.project, gpus=victim.gpus, code=victim.code, reason=victim.reason
     )
+
+
+def _by_topic(offsets: dict[TopicPartition, int]) -> Offsets:
+    found: Offsets = {}
+    for tp, offset in offsets.items():
+        found.setdefault(tp.topic, {})[tp.partition] = offset
+    return found

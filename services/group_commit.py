@@ -103,6 +103,9 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0  # sent, for tests and metrics
+        # The offset after the last record the broker acknowledged: what a checkpoint of a state
+        # that folds every acknowledged record covers (None: nothing acknowledged yet).
+        self.acked_end: int | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"group-commit:{self._topic}")
@@ -170,7 +173,7 @@ class GroupCommit:
             except Exception as exc:  # not even queued (no metadata, producer stopped)
                 acks.append(None)
                 failed.update((id(f), exc) for f in callers)
-        for ack, (_, callers) in zip(acks, batches, strict=True):
+        for ack, (ack_batch, callers) in zip(acks, batches, strict=True):
             if ack is None:
                 continue
             try:
@@ -178,6 +181,8 @@ class GroupCommit:
             except Exception as exc:  # the broker refused the batch or went away
                 failed.update((id(f), exc) for f in callers)
                 continue
+            end = metadata.offset + ack_batch.record_count()
+            self.acked_end = end if self.acked_end is None else max(self.acked_end, end)
             stamped = metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
             for f in callers:  # a caller split over batches: the last one's time
                 appended[id(f)] = stamped

@@ -22,10 +22,11 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import structlog
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from allmende.core.checkpoints import Checkpoint, CheckpointStore
 from allmende.core.clickhouse import Database
-from allmende.core.kafka_reading import LagWatch, replaying_consumer
+from allmende.core.kafka_reading import LagWatch, replaying_consumer, resume
 from allmende.core.metrics import (
     FAIRSHARE,
     FAIRSHARE_FACTOR,
@@ -38,7 +39,13 @@ from allmende.domain.allocations import quarter_start
 from allmende.domain.fairshare.compute import compute_fairshare
 from allmende.domain.fairshare.options import Algorithm
 from allmende.domain.fairshare.result import FairShareResult, ShareRow
-from allmende.domain.fairshare.usage import UsageLedger, decayed_usage, share_tree
+from allmende.domain.fairshare.usage import (
+    BUCKET_S,
+    FOLD_HALF_LIVES,
+    UsageLedger,
+    decayed_usage,
+    share_tree,
+)
 from allmende.domain.postings import newest_per_entry
 from allmende.schemas.fairshare import FairShareRecord
 from allmende.schemas.ledger import retired_job
@@ -46,6 +53,7 @@ from allmende.streams.admin_log import AdminLog
 from allmende.streams.ledger_writer import postable_entries
 
 log = structlog.get_logger(__name__)
+CHECKPOINT_KIND = "fairshare-usage"
 
 _HISTORY_COLUMNS = (
     "as_of", "algorithm", "node_id", "parent_id", "depth", "is_leaf", "raw_shares", "norm_shares",
@@ -97,6 +105,15 @@ class FairShareCalculator:
         self._published_key: tuple[int, int, int] | None = None
         self._changes = 0  # bumped by every revision taken: a new snapshot is due
         self._policies: dict[str, int] = {}  # policy id -> effective from, as last priced
+        # The next offset per ledger-entry partition that `usage` has not folded: what a
+        # checkpoint covers, changed only with the usage (in `take`, under the lock).
+        self._positions: dict[int, int] = {}
+        self.resumed_from: dict[int, int] | None = None  # the checkpoint's offsets the last start loaded
+        self.checkpoints = (
+            CheckpointStore(settings.checkpoint_dir, settings.topic_prefix)
+            if settings.checkpoint_every_s > 0
+            else None
+        )
 
     # -- the maths on the current state (pure of Kafka) ----------------------------------------
     def compute(self) -> FairShareResult:
@@ -130,7 +147,7 @@ class FairShareCalculator:
         self._fresh = self.snapshot()
         return self._fresh.factors
 
-    def take(self, values: list[bytes]) -> bool:
+    def take(self, values: list[bytes], positions: dict[int, int] | None = None) -> bool:
         """Fold ledger-entry records into the usage; True if anything changed. A `retired` record
         lets go of its job's entries (the totals stay): the meter sends no revision of them after
         it (it dead-letters a timed event of a job it let go of)."""
@@ -158,6 +175,8 @@ class FairShareCalculator:
             for job in retired:  # after the batch's entries: a job's last ones may share it
                 self.usage.retire(job)
             self._changes += changed
+            if positions:
+                self._positions.update(positions)
         return changed
 
     # -- the loop ------------------------------------------------------------------------------
@@ -192,15 +211,22 @@ class FairShareCalculator:
         with self.lock:
             self.usage = UsageLedger()  # rebuilt by replay: nothing is trusted from before
             self._policies = {}
+            self._positions = {tp.partition: 0 for tp in partitions}
+        self.resumed_from = None
         self.caught_up.clear()
         self.ready.clear()
         try:
+            self._resume(consumer, partitions)
             last_publish = 0.0
+            last_checkpoint = (time.monotonic(), dict(self._positions))
             while not stop.is_set():
                 polled = consumer.poll(timeout_ms=200, max_records=20_000)
                 self.admin_log.catch_up()
                 values = [r.value for records in polled.values() for r in records]
-                self.take(values)  # also when empty: a new policy re-prices what it covers
+                positions = {
+                    tp.partition: records[-1].offset + 1 for tp, records in polled.items() if records
+                }
+                self.take(values, positions)  # also when empty: a new policy re-prices what it covers
                 behind = self._lag.check(consumer, partitions)
                 if behind is not None:
                     FAIRSHARE_LAG_RECORDS.set(sum(behind.values()))
@@ -223,9 +249,75 @@ class FairShareCalculator:
                         self.last_error = repr(exc)
                         log.exception("fairshare_snapshot_failed", error=repr(exc))
                     last_publish = time.monotonic()
+                last_checkpoint = self._checkpoint_if_due(last_checkpoint)
         finally:
             consumer.close(autocommit=False)
             producer.close(timeout=5)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, object]:
+        """What the usage depends on besides the stream: another value, another state."""
+        s = self.settings
+        return {
+            "topic": s.ledger_entries_topic, "half_life_s": s.fairshare_half_life_s,
+            "reset": s.fairshare_reset, "bucket_s": BUCKET_S, "fold_half_lives": FOLD_HALF_LIVES,
+        }  # fmt: skip
+
+    def _resume(self, consumer: KafkaConsumer, partitions: list[TopicPartition]) -> None:
+        """Start from the latest checkpoint that fits the topic as it is now, and seek to the
+        offsets it covers; else (none, or not to be trusted: logged) replay from the beginning."""
+        if self.checkpoints is None:
+            return
+        started = time.monotonic()
+        checkpoint = self.checkpoints.load(CHECKPOINT_KIND, self._fingerprint())
+        if checkpoint is None:
+            return
+        try:
+            usage = UsageLedger.restore(checkpoint.body["usage"])
+            policies = {str(k): int(v) for k, v in checkpoint.body["policies"].items()}
+            offsets = checkpoint.offsets[self.settings.ledger_entries_topic]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning(
+                "checkpoint_ignored", kind=CHECKPOINT_KIND, reason=f"its body cannot be read: {exc!r}"
+            )
+            return
+        problem = resume(consumer, partitions, offsets)
+        if problem is not None:
+            log.warning("checkpoint_ignored", kind=CHECKPOINT_KIND, reason=problem)
+            return
+        with self.lock:
+            self.usage, self._policies, self._positions = usage, policies, dict(offsets)
+        self.resumed_from = dict(offsets)
+        log.info(
+            "checkpoint_loaded", kind=CHECKPOINT_KIND, entries=len(usage.entries),
+            taken_at=checkpoint.taken_at, records_covered=sum(offsets.values()),
+            seconds=round(time.monotonic() - started, 3),
+        )  # fmt: skip
+
+    def _checkpoint_if_due(self, last: tuple[float, dict[int, int]]) -> tuple[float, dict[int, int]]:
+        """Write a checkpoint every `checkpoint_every_s` once caught up, when the usage moved. In
+        this thread, the only one that changes entries, hours and clock: the dump needs no lock
+        (a fold from admission's thread moves only what `restore` derives)."""
+        every = self.settings.checkpoint_every_s
+        if self.checkpoints is None or not self.caught_up.is_set() or time.monotonic() - last[0] < every:
+            return last
+        with self.lock:
+            positions, policies = dict(self._positions), dict(self._policies)
+        if positions == last[1]:
+            return (time.monotonic(), positions)
+        try:
+            started = time.monotonic()
+            body = {"usage": self.usage.dump(), "policies": policies}
+            topic = self.settings.ledger_entries_topic
+            size = self.checkpoints.save(
+                Checkpoint(CHECKPOINT_KIND, {topic: positions}, self._fingerprint(), body)
+            )
+            entries = len(body["usage"]["entries"])
+            seconds = round(time.monotonic() - started, 3)
+            log.info("checkpoint_saved", kind=CHECKPOINT_KIND, bytes=size, entries=entries, seconds=seconds)
+        except OSError as exc:  # a full disk must not stop fair share: the next start replays more
+            log.warning("checkpoint_failed", kind=CHECKPOINT_KIND, error=repr(exc))
+        return (time.monotonic(), positions)
 
     def publish(
         self, producer: KafkaProducer, key: tuple[int, int, int], caught_up: bool = False

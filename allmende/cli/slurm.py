@@ -62,6 +62,18 @@ def check(config: ConfigOption = None) -> None:
         f"api           {cfg.api_url} (timeout {cfg.timeout_s} s, fail_open={cfg.fail_open}, "
         f"dry_run={cfg.dry_run}, token {token})"
     )
+    instances = ", ".join(cfg.api_urls) if cfg.api_urls else cfg.api_url
+    submit = "set" if cfg.submit_token else "[red]missing: cli_filter cannot ask[/red]"
+    console.print(f"cli_filter    asks {instances} (submit token {submit})")
+    key = cfg.ticket_key_file
+    try:
+        readable = key is not None and bool(key.read_text().strip())
+    except OSError:
+        readable = False
+    console.print(
+        f"job_submit    ticket key {key or '[red]missing[/red]'}"
+        + ("" if readable else " [red](unreadable or empty: every GPU job is held for the agent)[/red]")
+    )
     console.print(f"kafka         {cfg.bootstrap} -> {cfg.job_events_topic()}")
     pending = _integration("spool").Spool(cfg.spool_dir).pending()
     console.print(f"spool         {cfg.spool_dir}: {len(pending)} event(s) waiting")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+
+from allmende.core.checkpoints import offsets_problem
 
 
 def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout: float = 60.0) -> list[TopicPartition]:
@@ -36,6 +38,27 @@ def replaying_consumer(
     consumer.assign(partitions)
     consumer.seek_to_beginning(*partitions)
     return consumer, partitions
+
+
+def resume(
+    consumer: KafkaConsumer,
+    partitions: Sequence[TopicPartition],
+    offsets: Mapping[int, int],
+    timeout_ms: int = 30_000,
+) -> str | None:
+    """Seek each partition to its offset in `offsets` (a checkpoint's: the next record to read),
+    if they fit the partitions as they are now; else leave the consumer at the beginning and say
+    why (the caller replays everything)."""
+    topic = partitions[0].topic if partitions else ""
+    first = {
+        topic: {tp.partition: o for tp, o in consumer.beginning_offsets(list(partitions), timeout_ms).items()}
+    }
+    ends = {topic: {tp.partition: o for tp, o in consumer.end_offsets(list(partitions), timeout_ms).items()}}
+    problem = offsets_problem({topic: dict(offsets)}, first, ends)
+    if problem is None:
+        for tp in partitions:
+            consumer.seek(tp, offsets[tp.partition])
+    return problem
 
 
 def read_to_end(

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     admin_tokens: str = ""
     lead_tokens: str = ""
     scheduler_tokens: str = ""  # the cluster scheduler's own tokens: admission and preemption
+    # Submit tokens may only ask for admission (POST /v1/admission): what Slurm's cli_filter sends
+    # from users' own sbatch/salloc/srun, so it may be readable by every user of the cluster.
+    submit_tokens: str = ""
     # A command-line client's own token (`allmende budget ...`).
     token: str = ""
     # Browser sign-in (docs/security.md): the cookie holds an opaque session id, the session lives in
@@ -78,6 +81,11 @@ class Settings(BaseSettings):
     fairshare_publish_s: float = Field(default=10.0, gt=0)
     # How long the API waits at start for the ledger replay behind admission before serving.
     startup_replay_timeout_s: float = Field(default=120.0, ge=0)
+    # Checkpoints (allmende/core/checkpoints.py): every this many seconds, once caught up and
+    # changed, the fair-share usage is written with the offsets it covers, and a start loads it and
+    # reads only the tail. 0: never (every start replays the whole ledger stream).
+    checkpoint_every_s: float = Field(default=60.0, ge=0)
+    checkpoint_dir: Path = Path()  # default: <state_dir>/checkpoints
 
     # Kafka away: a write (admission, host report, admin command) not in its log by then is
     # answered 503 and never takes effect; a read waits this long for news, then answers from the
@@ -97,6 +105,12 @@ class Settings(BaseSettings):
     # Admission: an admitted job that has not started by then frees its GPUs and its hold.
     admission_enabled: bool = True
     admission_start_deadline_s: int = Field(default=3600, ge=1)
+    # Admission tickets (domain/admission_tickets.py): with a key, every admit or queue answer
+    # carries the decision signed (HMAC-SHA256), valid this long, for Slurm's job_submit.lua to
+    # check locally; the same key goes into its config (`ticket_key_file`). Empty: no tickets.
+    admission_ticket_key: str = ""
+    admission_ticket_key_file: Path | None = None
+    admission_ticket_ttl_s: int = Field(default=300, ge=10, le=86_400)
     interactive_max_gpus_per_user: int = Field(default=8, ge=0)
     interactive_max_hours: int = Field(default=8, ge=0)
 
@@ -136,12 +150,21 @@ class Settings(BaseSettings):
             "clickhouse_dsn": f"chdb://{self.state_dir / 'chdb'}",
             "meter_data_dir": self.state_dir / "faust",
             "kafka_home": self.state_dir / "kafka",
+            "checkpoint_dir": self.state_dir / "checkpoints",
             "run_dir": self.state_dir / "run",
         }
         for name, value in derived.items():
             if name not in self.model_fields_set:
                 setattr(self, name, value)
         return self
+
+    def ticket_key(self) -> bytes | None:
+        """The admission tickets' signing key (the file's first line wins); None: no tickets."""
+        if self.admission_ticket_key_file is not None:
+            text = self.admission_ticket_key_file.read_text().strip()
+        else:
+            text = self.admission_ticket_key.strip()
+        return text.encode() if text else None
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}.{name}"

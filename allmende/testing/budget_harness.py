@@ -27,6 +27,7 @@ def with_tokens(settings: Settings) -> Settings:
             "admin_tokens": "root:admin-secret",
             "lead_tokens": "alice:alice-secret,bob:bob-secret",
             "scheduler_tokens": "slurm:sched-secret",
+            "submit_tokens": "cli:submit-secret",
         }
     )
 

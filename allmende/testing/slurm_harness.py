@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import pwd
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from allmende.testing.harness import MeterWorker, wait_until
 
 SLURM_CLUSTER = "pytest"  # Slurm's ClusterName
 TOKEN = "sched-secret"  # budget_harness.with_tokens' scheduler token
+RESEARCHER = "researcher"  # an unprivileged user with an association in every account
 
 
 @dataclass
@@ -68,5 +71,15 @@ def wait_for(check: Any, timeout: float, what: str, slurm: SlurmCluster | None =
 
 def running_slurm(state: Path, hooks: bool = True) -> contextlib.AbstractContextManager[SlurmCluster]:
     """The local Slurm (integrations/slurm/local.py) in `state` on free ports, with Allmende's
-    job_submit.lua and, with `hooks`, its lifecycle hooks; stopped after."""
-    return local.running_slurm(state, SLURM_CLUSTER, hooks=hooks, token=TOKEN)
+    job_submit.lua and cli_filter.lua and, with `hooks`, its lifecycle hooks; stopped after. Its
+    users: root and RESEARCHER (a local account made here when missing)."""
+    ensure_unix_user(RESEARCHER)
+    return local.running_slurm(state, SLURM_CLUSTER, hooks=hooks, token=TOKEN, users=("root", RESEARCHER))
+
+
+def ensure_unix_user(name: str) -> None:
+    """A local user without a home or password (useradd, as root), for tests run as someone else."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True, capture_output=True, timeout=60)

@@ -22,6 +22,7 @@ def tagged_settings(kafka_bootstrap: str, chdb_dsn: str, workdir: Path, prefix: 
         topic_partitions=4,
         meter_app_id=f"{tag}-meter",
         meter_data_dir=workdir / "faust",
+        checkpoint_dir=workdir / "checkpoints",
         writer_group=f"{tag}-writer",
         writer_batch_wait_ms=100,
         # A loaded test machine may take longer than the 250 ms default to acknowledge a write;

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
 from allmende.domain.fairshare.decay import decay_factor
@@ -240,6 +241,83 @@ class UsageLedger:
             if not per_hour:
                 del self._per_hour[project]
         return moved
+
+    # -- checkpoints (services/checkpoints.py): what cannot be derived, in one canonical order -----
+    def dump(self) -> dict[str, Any]:
+        """The state as plain JSON-able data: every latest revision with the hours it priced (kept,
+        not priced again, so a restored ledger is the one taken), the hour totals (which keep a
+        retired job's units), the clock and the fold bounds. Everything else is derived by
+        `restore`. Sorted, so the same state gives the same data."""
+        return {
+            "entries": [
+                [_entry_dict(self.entries[e].entry), _slots(self.entries[e].hours)]
+                for e in sorted(self.entries)
+            ],
+            "hours": {project: _slots(self.hours[project]) for project in sorted(self.hours)},
+            "clock": self.clock,
+            "fold_through": self._fold_through,
+            "drop_through": self._drop_through,
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> UsageLedger:
+        """The ledger `dump` was taken of (a new generation: caches keyed on the old one are stale).
+        ValueError when the data cannot be what `dump` gave."""
+        ledger = cls()
+        fold, drop = data["fold_through"], data["drop_through"]
+        for value in (data["clock"], fold, drop):
+            if value is not None and type(value) is not int:
+                raise ValueError("a checkpoint's clock and bounds are integers")
+        ledger.clock, ledger._fold_through, ledger._drop_through = data["clock"], fold, drop
+        for raw, slots in data["entries"]:
+            entry = LedgerEntry.from_dict(raw)
+            hours = _unslots(slots)
+            ledger.entries[entry.entry_id] = _Held(entry, hours)
+            ledger._of_job.setdefault(entry.job_id, []).append(entry.entry_id)
+            units = ledger.jobs.get(entry.job_id, 0) + sum(hours.values())
+            if units:
+                ledger.jobs[entry.job_id] = units
+            else:
+                ledger.jobs.pop(entry.job_id, None)
+        for project, slots in data["hours"].items():
+            totals = ledger.hours[project] = _unslots(slots)
+            for (hour, _cluster, _gpu_type), units in totals.items():
+                if fold is not None and hour <= fold:  # the rule `_add` routes a late revision by
+                    _bump(
+                        ledger._dropped if drop is not None and hour <= drop else ledger._folded,
+                        project,
+                        units,
+                    )
+                else:
+                    per_hour = ledger._per_hour.setdefault(project, {})
+                    left = per_hour.get(hour, 0) + units
+                    if left:
+                        per_hour[hour] = left
+                    else:
+                        per_hour.pop(hour, None)
+                        if not per_hour:
+                            del ledger._per_hour[project]
+        return ledger
+
+
+def _entry_dict(entry: LedgerEntry) -> dict[str, Any]:
+    return {name: getattr(entry, name) for name in LedgerEntry.__dataclass_fields__}
+
+
+def _slots(hours: Mapping[Slot, int]) -> list[list[Any]]:
+    return [
+        [hour, cluster, gpu_type, hours[(hour, cluster, gpu_type)]]
+        for hour, cluster, gpu_type in sorted(hours)
+    ]
+
+
+def _unslots(rows: Iterable[list[Any]]) -> dict[Slot, int]:
+    hours: dict[Slot, int] = {}
+    for hour, cluster, gpu_type, units in rows:
+        if type(hour) is not int or type(units) is not int:
+            raise ValueError("a checkpoint's hours and units are integers")
+        hours[(hour, cluster, gpu_type)] = units
+    return hours
 
 
 def _bump(figures: dict[str, int], project: str, units: int) -> None:

@@ -11,7 +11,7 @@ PACKAGES=(
   slurm-wlm-basic-plugins slurm-wlm-mysql-plugin
   munge
   mariadb-server mariadb-client
-  liblua5.1-0 lua5.1 lua-socket lua-cjson
+  liblua5.1-0 lua5.1 lua-socket lua-cjson lua-luaossl
 )
 
 missing=()

@@ -19,6 +19,8 @@ GPU_COUNT=${ALLMENDE_SLURM_GPUS:-8}
 NODE_CPUS=${ALLMENDE_SLURM_CPUS:-64}
 NODE_MEMORY=${ALLMENDE_SLURM_MEMORY_MB:-512000}
 JOB_SUBMIT_LUA=${ALLMENDE_SLURM_JOB_SUBMIT_LUA-$REPO_ROOT/integrations/slurm/job_submit.example.lua}
+# cli_filter.lua (empty: none): runs in sbatch/salloc/srun, before slurmctld is contacted
+CLI_FILTER_LUA=${ALLMENDE_SLURM_CLI_FILTER_LUA:-}
 # shellcheck disable=SC2034 # read via ${!var}
 PROLOG_SLURMCTLD=${ALLMENDE_SLURM_PROLOG_SLURMCTLD:-}
 # shellcheck disable=SC2034
@@ -143,6 +145,18 @@ check_socket_path() {
 # ---------------------------------------------------------------------------------------
 # configuration files
 
+# Allmende's plugins load their shared module (allmende_slurm.lua) from their own directory:
+# copied next to them when the plugin's source directory has one.
+copy_lua_module() {
+  local module
+  [[ -n $1 && $1 != none ]] || return 0
+  module=$(dirname "$1")/allmende_slurm.lua
+  if [[ -r $module ]] && ! cmp -s "$module" "$ETC_DIR/allmende_slurm.lua"; then
+    cp "$module" "$ETC_DIR/allmende_slurm.lua"
+    chmod 644 "$ETC_DIR/allmende_slurm.lua"
+  fi
+}
+
 write_configs() {
   mkdir -p "$ETC_DIR" "$LOG_DIR" "$RUN_DIR" "$GPU_DIR" "$SPOOL_CTLD" "$SPOOL_D" "$STATE_DIR/hooks"
   chmod 755 "$STATE_DIR" "$ETC_DIR"
@@ -176,6 +190,18 @@ write_configs() {
       cp "$JOB_SUBMIT_LUA" "$ETC_DIR/job_submit.lua"
     fi
     job_submit_line="JobSubmitPlugins=lua"
+  fi
+  copy_lua_module "$JOB_SUBMIT_LUA"
+
+  # cli_filter.lua is read by the clients, from the directory of slurm.conf too
+  local cli_filter_line=""
+  rm -f "$ETC_DIR/cli_filter.lua"
+  if [[ -n $CLI_FILTER_LUA && $CLI_FILTER_LUA != none ]]; then
+    [[ -r $CLI_FILTER_LUA ]] || die "ALLMENDE_SLURM_CLI_FILTER_LUA: cannot read $CLI_FILTER_LUA"
+    cp "$CLI_FILTER_LUA" "$ETC_DIR/cli_filter.lua"
+    chmod 644 "$ETC_DIR/cli_filter.lua"
+    cli_filter_line="CliFilterPlugins=lua"
+    copy_lua_module "$CLI_FILTER_LUA"
   fi
 
   # slurmctld runs PrologSlurmctld/EpilogSlurmctld with only SLURM_* job variables: no PATH,
@@ -290,6 +316,7 @@ SlurmdTimeout=60
 MessageTimeout=10
 
 $job_submit_line
+$cli_filter_line
 $hook_lines
 NodeName=$NODE_NAME NodeHostname=$NODE_NAME NodeAddr=127.0.0.1 CPUs=$NODE_CPUS RealMemory=$NODE_MEMORY Gres=gpu:$GPU_TYPE:$GPU_COUNT State=UNKNOWN
 $partition_lines

@@ -54,6 +54,7 @@ from typing import Any
 
 import httpx
 
+from allmende.core.failover_http import FailoverTransport
 from allmende.domain.preemption import queue_rank, stop_action
 from allmende.integrations.slurm.config import ConfigError, SlurmConfig, load_config
 from allmende.integrations.slurm.log import LineLog
@@ -302,9 +303,11 @@ class Agent:
             self.slurm = Slurm(self.cfg)
         if self.client is None:
             headers = {"Authorization": f"Bearer {self.cfg.token or ''}"}
+            instances = self.cfg.api_urls or (self.cfg.api_url,)
             self.client = httpx.Client(
-                base_url=self.cfg.api_url.rstrip("/"), headers=headers, timeout=self.cfg.agent_timeout_s
-            )
+                base_url=instances[0].rstrip("/"), headers=headers, timeout=self.cfg.agent_timeout_s,
+                transport=FailoverTransport(instances),
+            )  # fmt: skip
 
     @property
     def sl(self) -> Slurm:

@@ -25,9 +25,12 @@ class ConfigError(RuntimeError):
 @dataclass(frozen=True)
 class SlurmConfig:
     path: Path | None = None
-    # admission (job_submit.lua; listed here so one file describes both)
+    # admission (cli_filter.lua, job_submit.lua; listed here so one file describes all)
     api_url: str = "http://127.0.0.1:8000"
+    api_urls: tuple[str, ...] = ()  # every admission instance (default: api_url)
     token: str | None = None
+    submit_token: str | None = None  # cli_filter's: may only ask for admission
+    ticket_key_file: Path | None = None  # job_submit.lua checks admission tickets with it
     timeout_s: float = 2.0
     fail_open: bool = False
     dry_run: bool = False
@@ -119,8 +122,8 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
     return DEFAULT_PATH
 
 
-_PATHS = {"spool_dir", "log_file", "agent_log_file"}
-_TUPLES = {"interactive_qos"}
+_PATHS = {"spool_dir", "log_file", "agent_log_file", "ticket_key_file"}
+_TUPLES = {"interactive_qos", "api_urls"}
 PREEMPT_ACTIONS = ("requeue", "cancel")
 MAX_NICE_SCALE = 1_000_000  # Slurm's Nice range is about +-2^31; priorities stay far from overflow
 
@@ -147,9 +150,10 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> SlurmConfig:
         values[key] = value
     if "spool_dir" not in values and (state := os.environ.get("ALLMENDE_SLURM_DIR")):
         values["spool_dir"] = Path(state) / "allmende-spool"
-    if not values.get("token") and (token_file := data.get("token_file")):
-        with contextlib.suppress(OSError):
-            values["token"] = Path(token_file).read_text().strip()
+    for key in ("token", "submit_token"):
+        if not values.get(key) and (token_file := data.get(f"{key}_file")):
+            with contextlib.suppress(OSError):
+                values[key] = Path(token_file).read_text().strip()
     if values.get("preempt_action", "requeue") not in PREEMPT_ACTIONS:
         raise ConfigError(f"{path}: preempt_action must be one of {', '.join(PREEMPT_ACTIONS)}")
     scale = values.get("fairshare_nice_scale", 0)

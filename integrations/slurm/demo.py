@@ -48,6 +48,7 @@ from allmende.core.supervisor import python_module, running, start_detached, sto
 from allmende.integrations.slurm.local import (
     ROOT,
     SLURMCTLD,
+    SUBMIT_TOKEN,
     SlurmCluster,
     hook_python,
     plan_text,
@@ -123,7 +124,9 @@ def _write_secret(path: Path) -> str:
     return token
 
 
-def platform_env(paths: Paths, kafka: str, api_port: int, admin: str, scheduler: str) -> dict[str, str]:
+def platform_env(
+    paths: Paths, kafka: str, api_port: int, admin: str, scheduler: str, ticket_key: Path
+) -> dict[str, str]:
     """The environment of the API and the meter worker: everything under the demo's state dir.
     Inherited ALLMENDE_* settings are dropped so that the demo never uses another deployment's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALLMENDE_")}
@@ -140,6 +143,8 @@ def platform_env(paths: Paths, kafka: str, api_port: int, admin: str, scheduler:
             "ALLMENDE_API_PORT": str(api_port),
             "ALLMENDE_ADMIN_TOKENS": f"admin:{admin}",
             "ALLMENDE_SCHEDULER_TOKENS": f"slurm:{scheduler}",
+            "ALLMENDE_SUBMIT_TOKENS": f"cli:{SUBMIT_TOKEN}",
+            "ALLMENDE_ADMISSION_TICKET_KEY_FILE": str(ticket_key),
             "ALLMENDE_RUN_DIR": str(paths.run),
             "ALLMENDE_KAFKA_HOME": str(paths.kafka),
             "ALLMENDE_LOG_JSON": "false",
@@ -277,6 +282,7 @@ class Demo:
 
         env = slurm_env(paths.slurm, SLURM_NAME)
         self.slurm = slurm = SlurmCluster(paths.slurm, env, token=scheduler)
+        slurm.configure()  # its ticket key, which the platform reads too, before either starts
         failure: list[BaseException] = []
 
         def slurm_up() -> None:
@@ -293,7 +299,7 @@ class Demo:
             broker = LocalBroker(paths.kafka, port=free_port(), controller_port=free_port())
             self.kafka = kafka = broker.start()
             api_port = free_port()
-            penv = platform_env(paths, kafka, api_port, self.admin, scheduler)
+            penv = platform_env(paths, kafka, api_port, self.admin, scheduler, slurm.ticket_key_file)
             settings = Settings(
                 kafka_bootstrap_servers=kafka, topic_prefix=TOPIC_PREFIX, topic_partitions=2, log_json=False
             )

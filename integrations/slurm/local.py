@@ -14,6 +14,7 @@ import getpass
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SLURMCTLD = Path("/usr/sbin/slurmctld")
 START, STOP = ROOT / "infra/slurm/start.sh", ROOT / "infra/slurm/stop.sh"
 JOB_SUBMIT_LUA = ROOT / "integrations/slurm/job_submit.lua"
+CLI_FILTER_LUA = ROOT / "integrations/slurm/cli_filter.lua"
+SUBMIT_TOKEN = "submit-secret"  # the platform's ALLMENDE_SUBMIT_TOKENS: cli_filter's token
 HOOK = ROOT / "integrations/slurm/hooks/allmende_slurmctld.sh"
 
 PARTITION = "gpu"
@@ -74,12 +77,22 @@ class SlurmCluster:
     def config_file(self) -> Path:
         return self.etc / "allmende.json"
 
+    @property
+    def ticket_key_file(self) -> Path:
+        return self.etc / "allmende-ticket.key"
+
     def configure(self, **values: Any) -> dict[str, Any]:
-        """Write the integration's config (atomically): the base, then `values`."""
+        """Write the integration's config (atomically): the base, then `values`. Readable by
+        every user (cli_filter.lua runs as the user); the ticket key only by root."""
         self.config = {**self.base_config(), **values}
         self.etc.mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)  # job_submit.lua keeps the tickets used there
+        if not self.ticket_key_file.exists():
+            self.ticket_key_file.touch(mode=0o600)
+            self.ticket_key_file.write_text(secrets.token_hex(32) + "\n")  # the platform reads it too
         tmp = self.config_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.config, indent=2))
+        tmp.chmod(0o644)
         os.replace(tmp, self.config_file)
         return self.config
 
@@ -87,10 +100,13 @@ class SlurmCluster:
         return {
             "api_url": "http://127.0.0.1:9",
             "token": self.token,
+            "submit_token": SUBMIT_TOKEN,
+            "ticket_key_file": str(self.ticket_key_file),
             "timeout_s": 5,
             "fail_open": False,
             "dry_run": False,
             "clusters": {PARTITION: PLATFORM_CLUSTER},
+            "default_partition": PARTITION,  # cli_filter asks scontrol otherwise (a round trip per job)
             "projects": {"poor": "broke"},
             "gpu_types": {"h100": "H100"},
             "default_gpu_type": "H100",
@@ -104,6 +120,16 @@ class SlurmCluster:
             "spool_dir": str(self.spool),
             "send_timeout_s": 5,
         }
+
+    def env_without_cli_filter(self, where: Path) -> dict[str, str]:
+        """The client environment of a user who skips cli_filter.lua (as anyone can: it runs on
+        their side): a copy of slurm.conf without CliFilterPlugins, in `where`."""
+        conf = where / "slurm.conf"
+        lines = (self.etc / "slurm.conf").read_text().splitlines()
+        conf.write_text("\n".join(ln for ln in lines if not ln.startswith("CliFilterPlugins")) + "\n")
+        conf.chmod(0o644)
+        where.chmod(0o755)
+        return {**self.env, "SLURM_CONF": str(conf)}
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -186,22 +212,29 @@ class SlurmCluster:
 
 
 def slurm_env(
-    state: Path, cluster_name: str, accounts: tuple[str, ...] = ACCOUNTS, hooks: bool = True
+    state: Path,
+    cluster_name: str,
+    accounts: tuple[str, ...] = ACCOUNTS,
+    hooks: bool = True,
+    cli_filter: bool = True,
+    users: tuple[str, ...] = ("root",),
 ) -> dict[str, str]:
     """The environment of infra/slurm/start.sh and of the client commands: the state directory
-    (short: the munge socket path has a length limit), free ports, Allmende's job_submit.lua and,
-    with `hooks`, its lifecycle hooks."""
+    (short: the munge socket path has a length limit), free ports, Allmende's job_submit.lua and
+    cli_filter.lua and, with `hooks`, its lifecycle hooks."""
     env = {
         **os.environ,
         "ALLMENDE_SLURM_DIR": str(state),
         "ALLMENDE_SLURM_CLUSTER": cluster_name,
         "ALLMENDE_SLURM_PARTITIONS": PARTITION,
         "ALLMENDE_SLURM_ACCOUNTS_LIST": ",".join(accounts),
+        "ALLMENDE_SLURM_USERS": ",".join(users),  # each in every account
         "ALLMENDE_SLURM_CTLD_PORT": str(free_port()),
         "ALLMENDE_SLURM_SLURMD_PORT": str(free_port()),
         "ALLMENDE_SLURM_DBD_PORT": str(free_port()),
         "ALLMENDE_SLURM_MYSQL_PORT": str(free_port()),
         "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
+        "ALLMENDE_SLURM_CLI_FILTER_LUA": str(CLI_FILTER_LUA) if cli_filter else "none",
         **(
             {"ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK), "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK)}
             if hooks
@@ -229,10 +262,15 @@ def stop_slurm(env: dict[str, str], timeout: float = 180) -> subprocess.Complete
 
 @contextlib.contextmanager
 def running_slurm(
-    state: Path, cluster_name: str, hooks: bool = True, token: str = "", accounts: tuple[str, ...] = ACCOUNTS
+    state: Path,
+    cluster_name: str,
+    hooks: bool = True,
+    token: str = "",
+    accounts: tuple[str, ...] = ACCOUNTS,
+    users: tuple[str, ...] = ("root",),
 ) -> Iterator[SlurmCluster]:
     """Slurm started in `state` on free ports (see `slurm_env`), stopped after."""
-    cluster = SlurmCluster(state, slurm_env(state, cluster_name, accounts, hooks), token=token)
+    cluster = SlurmCluster(state, slurm_env(state, cluster_name, accounts, hooks, users=users), token=token)
     try:
         start_slurm(cluster)
         yield cluster

@@ -1,11 +1,13 @@
 """Tokens: admins change budgets; project leads read their own projects; the scheduler asks.
 
 Tokens come from the environment (`ALLMENDE_ADMIN_TOKENS`, `ALLMENDE_LEAD_TOKENS`,
-`ALLMENDE_SCHEDULER_TOKENS`), each a comma-separated list of `name:token`; the name is the actor
-recorded on every event the token's holder causes. Tokens are compared in constant time. A
-token travels as `Authorization: Bearer <token>`, never in a URL and never in a cookie: the
-sign-in form of the browser pages takes the token once and opens a session (`Sessions`), whose
-opaque random id is what the HttpOnly, SameSite=Strict cookie holds. See docs/security.md.
+`ALLMENDE_SCHEDULER_TOKENS`, `ALLMENDE_SUBMIT_TOKENS`: may only ask for admission, the token
+Slurm's cli_filter sends from users' own commands), each a comma-separated list of
+`name:token`; the name is the actor recorded on every event the token's holder causes. Tokens
+are compared in constant time. A token travels as `Authorization: Bearer <token>`, never in a URL
+and never in a cookie: the sign-in form of the browser pages takes the token once and opens a
+session (`Sessions`), whose opaque random id is what the HttpOnly, SameSite=Strict cookie holds.
+See docs/security.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from allmende.core.settings import Settings
 
-Role = Literal["admin", "lead", "scheduler"]
+Role = Literal["admin", "lead", "scheduler", "submitter"]
 _bearer = HTTPBearer(auto_error=False, description="an admin, project-lead or scheduler token")
 SESSION_COOKIE = "allmende_session"  # the browser pages' session id (HttpOnly, SameSite=Strict)
 
@@ -107,6 +109,7 @@ class TokenBook:
             *((n, t, "admin") for n, t in parse_tokens(settings.admin_tokens, "admin")),
             *((n, t, "lead") for n, t in parse_tokens(settings.lead_tokens, "lead")),
             *((n, t, "scheduler") for n, t in parse_tokens(settings.scheduler_tokens, "scheduler")),
+            *((n, t, "submitter") for n, t in parse_tokens(settings.submit_tokens, "submitter")),
         ]
         self.sessions = Sessions(settings.session_ttl_s, settings.session_max)
 
@@ -186,7 +189,17 @@ async def _scheduler(
     return principal
 
 
+async def _submitter(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    principal = _who(request, credentials)
+    if principal.role not in ("scheduler", "admin", "submitter"):
+        raise HTTPException(403, f"{principal.name} may not ask for admission")
+    return principal
+
+
 Caller = Annotated[Principal, Depends(_principal)]
 Reader = Annotated[Principal, Depends(_reader)]  # admins and project leads: the read routes
 Scheduler = Annotated[Principal, Depends(_scheduler)]
+Submitter = Annotated[Principal, Depends(_submitter)]  # the scheduler, admins, submit tokens
 Admin = Annotated[Principal, Depends(_admin)]

@@ -10,12 +10,13 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
+from allmende.domain import admission_tickets
 from allmende.domain.admission_model import JobRequest
 from allmende.schemas.admission_events import AdmissionDecided, ReasonRecord, VictimRecord
 from allmende.schemas.events import Identifier
 from allmende.services.admission_service import AdmissionNotRecorded, AdmissionRefused, AdmissionService
 from allmende.services.api.admin_models import RejectionBody, units_to_hours
-from allmende.services.api.auth import Scheduler
+from allmende.services.api.auth import Scheduler, Submitter
 from allmende.services.api.deps import Store
 
 router = APIRouter(prefix="/v1", tags=["admission"])
@@ -64,6 +65,11 @@ class AdmissionResponse(BaseModel):
     held_gpu_hours: Decimal
     fairshare_factor: float
     preempt: list[VictimRecord] = Field(description="jobs to stop first, in this order")
+    ticket: str | None = Field(
+        default=None,
+        description="the decision signed for a scheduler plugin to check locally (admit and queue"
+        " answers, and every dry run, where the API has a ticket key; docs/slurm.md)",
+    )
 
     @classmethod
     def of(cls, d: AdmissionDecided) -> AdmissionResponse:
@@ -114,6 +120,20 @@ def _json(answer: AdmissionResponse) -> Response:
     return Response(answer.__pydantic_serializer__.to_json(answer), media_type="application/json")
 
 
+def _ticket(request: Request, d: AdmissionDecided, dry_run: bool) -> str | None:
+    """The decision signed, when this API has a key: only a real admit or queue may let a job be
+    submitted; a dry run's ticket carries its verdict for job_submit.lua's dry-run log."""
+    key: bytes | None = getattr(request.app.state, "ticket_key", None)
+    if key is None or (d.verdict == "reject" and not dry_run):
+        return None
+    fields = {f: getattr(d, f) for f in admission_tickets.FIELDS}
+    ttl: int = getattr(request.app.state, "ticket_ttl_s", 300)
+    ticket = admission_tickets.Ticket(
+        d.job_id, fields, d.verdict, d.lane, d.occurred_at, d.occurred_at + ttl, dry_run
+    )
+    return admission_tickets.issue(ticket, key)
+
+
 def _refused(exc: AdmissionRefused | AdmissionNotRecorded) -> HTTPException:
     if isinstance(exc, AdmissionNotRecorded):  # Kafka away: no answer yet; the same call again is safe
         return HTTPException(503, {"detail": str(exc), "code": "not-recorded"}, headers={"Retry-After": "1"})
@@ -131,7 +151,7 @@ def _refused(exc: AdmissionRefused | AdmissionNotRecorded) -> HTTPException:
 )
 async def admission(
     body: AdmissionRequest,
-    caller: Scheduler,
+    caller: Submitter,
     request: Request,
     dry_run: Annotated[bool, Query(description="decide without recording: what would happen now")] = False,
 ) -> Response:
@@ -140,7 +160,9 @@ async def admission(
         decided = await service.admit(body.job(), caller.name, dry_run=dry_run)
     except (AdmissionRefused, AdmissionNotRecorded) as exc:
         raise _refused(exc) from None
-    return _json(AdmissionResponse.of(decided))
+    answer = AdmissionResponse.of(decided)
+    answer.ticket = _ticket(request, decided, dry_run)
+    return _json(answer)
 
 
 @router.get(

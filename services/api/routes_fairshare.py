@@ -81,6 +81,8 @@ class FairShareTree(BaseModel):
     "order of its queue), no usage. See docs/security.md.",
 )
 async def fairshare(request: Request, caller: Caller) -> FairShareTree:
+    if caller.role == "submitter":
+        raise HTTPException(403, f"{caller.name} may only ask for admission")
     calculator: FairShareCalculator | None = request.app.state.fairshare
     if calculator is None:
         raise HTTPException(503, "the fair-share calculator is not enabled here (ALLMENDE_FAIRSHARE_ENABLED)")

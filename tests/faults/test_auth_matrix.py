@@ -31,8 +31,9 @@ pytestmark = pytest.mark.integration
 
 SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 NOW = 1_799_755_200  # Tuesday 2027-01-12 12:00 UTC, inside the plan's quarter
-TOKENS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret", "scheduler": "sched-secret"}
-CALLERS = ("anonymous", "wrong token", "own lead", "other lead", "scheduler", "admin")
+TOKENS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret", "scheduler": "sched-secret",
+          "submitter": "submit-secret"}  # fmt: skip
+CALLERS = ("anonymous", "wrong token", "own lead", "other lead", "scheduler", "submitter", "admin")
 OWN = "olmo-ft"  # led by alice (through the group nlp); bob leads vision, in another branch
 
 PLAN = plan_text("""
@@ -128,6 +129,7 @@ def _token(caller: str) -> str:
         "own lead": TOKENS["alice"],
         "other lead": TOKENS["bob"],
         "scheduler": TOKENS["scheduler"],
+        "submitter": TOKENS["submitter"],
         "admin": TOKENS["admin"],
     }[caller]
 
@@ -139,7 +141,7 @@ def _credentials(world: World, caller: str, page: bool) -> dict[str, str]:
     token = _token(caller)
     if caller == "anonymous":
         return {}
-    if not page or caller == "scheduler":
+    if not page or caller in ("scheduler", "submitter"):
         return {"Authorization": f"Bearer {token}"}
     if caller == "wrong token":
         return {"Cookie": f"allmende_session={TOKENS['admin']}"}

@@ -12,8 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,12 +27,15 @@ from allmende.testing.harness import MeterWorker
 from allmende.testing.slurm_harness import (
     PLAN,
     PLATFORM_CLUSTER,
+    ROOT,
     SLURMCTLD,
     Platform,
     SlurmCluster,
     current_quarter,
+    hook_python,
     quarter_bounds,
     running_slurm,
+    wait_for,
 )
 from allmende.topology import create_app
 
@@ -42,8 +48,15 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         pytest.skip("infra/slurm/start.sh runs the Slurm daemons as root")
     if shutil.which("sbatch") is None:
         pytest.skip("sbatch is not on PATH (slurm-client)")
-    with running_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
+    # Under /tmp itself, reachable by the unprivileged test user (pytest's base directory is
+    # root's alone): its commands read slurm.conf and the munge socket there.
+    state = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    state.chmod(0o755)
+    try:
+        with running_slurm(state) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +70,7 @@ def platform(
         kafka_bootstrap_servers=kafka_bootstrap, clickhouse_dsn=chdb_dsn, clickhouse_database=tag,
         topic_prefix=tag, topic_partitions=2, meter_app_id=f"{tag}-meter", meter_data_dir=tmp / "faust",
         writer_group=f"{tag}-writer", writer_batch_wait_ms=100, log_json=False,
+        admission_ticket_key_file=slurm.ticket_key_file,
     )  # fmt: skip
     app = create_app(with_tokens(settings))  # the real clock: Slurm's jobs run now
     with serving(app) as url:
@@ -71,3 +85,56 @@ def platform(
             yield Platform(settings, url, app, meter)
         finally:
             meter.kill()
+
+
+class RunningAgent:
+    """`python -m allmende.integrations.slurm.agent` as a process, with its log read from where it was."""
+
+    def __init__(self, slurm: SlurmCluster, stderr: Path) -> None:
+        self.slurm = slurm
+        self.log_file = slurm.spool / "agent.log"
+        self.offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        command = [
+            hook_python(),
+            "-m",
+            "allmende.integrations.slurm.agent",
+            "--config",
+            str(slurm.config_file),
+        ]
+        self.stderr = stderr.open("w")
+        self.proc = subprocess.Popen(
+            [*command, "--interval", "1"],
+            cwd=ROOT,
+            env=slurm.env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
+
+    def log(self) -> str:
+        if not self.log_file.exists():
+            return ""
+        with self.log_file.open() as f:
+            f.seek(self.offset)
+            return f.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.stderr.close()
+
+
+@pytest.fixture
+def agent(slurm: SlurmCluster, platform: Platform, tmp_path: Path) -> Iterator[RunningAgent]:
+    slurm.cancel_all()  # each test finds the node to itself
+    slurm.configure(**platform.config())
+    running = RunningAgent(slurm, tmp_path / "agent.err")
+    try:
+        wait_for(lambda: "agent started" in running.log(), 30, "the agent to start")
+        yield running
+    finally:
+        running.stop()
+        slurm.configure(**platform.config())

@@ -8,8 +8,6 @@ import datetime as dt
 import re
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,70 +19,16 @@ from allmende.testing.budget_harness import ADMIN, ok
 from allmende.testing.harness import send_events
 from allmende.testing.slurm_harness import (
     PLATFORM_CLUSTER,
-    ROOT,
     Platform,
     SlurmCluster,
     current_quarter,
-    hook_python,
     wait_for,
 )
+from tests.slurm.conftest import RunningAgent
 
 pytestmark = pytest.mark.slurm
 # Longer than sinfo's default column: the agent must read it whole.
 REASON = "xid 79 on GPU 3, fallen off the bus (ticket 4711)"
-
-
-class RunningAgent:
-    """`python -m allmende.integrations.slurm.agent` as a process, with its log read from where it was."""
-
-    def __init__(self, slurm: SlurmCluster, stderr: Path) -> None:
-        self.slurm = slurm
-        self.log_file = slurm.spool / "agent.log"
-        self.offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        command = [
-            hook_python(),
-            "-m",
-            "allmende.integrations.slurm.agent",
-            "--config",
-            str(slurm.config_file),
-        ]
-        self.stderr = stderr.open("w")
-        self.proc = subprocess.Popen(
-            [*command, "--interval", "1"],
-            cwd=ROOT,
-            env=slurm.env,
-            stdout=subprocess.DEVNULL,
-            stderr=self.stderr,
-        )
-
-    def log(self) -> str:
-        if not self.log_file.exists():
-            return ""
-        with self.log_file.open() as f:
-            f.seek(self.offset)
-            return f.read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.stderr.close()
-
-
-@pytest.fixture
-def agent(slurm: SlurmCluster, platform: Platform, tmp_path: Path) -> Iterator[RunningAgent]:
-    slurm.cancel_all()  # each test finds the node to itself
-    slurm.configure(**platform.config())
-    running = RunningAgent(slurm, tmp_path / "agent.err")
-    try:
-        wait_for(lambda: "agent started" in running.log(), 30, "the agent to start")
-        yield running
-    finally:
-        running.stop()
-        slurm.configure(**platform.config())
 
 
 def _job_id(result: subprocess.CompletedProcess[str]) -> str:
