@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from allmende.domain.charging import CHARGE_UNITS_PER_GPU_SECOND, PolicyTimeline
 from allmende.domain.fairshare.decay import decay_factor
@@ -45,6 +45,7 @@ FOLD_HALF_LIVES = 40
 
 _GENERATIONS = itertools.count(1)
 
+K = TypeVar("K", str, int)
 Slot = tuple[int, str, str]  # (hour index, cluster, GPU type): what a budget's scope can tell apart
 
 
@@ -166,11 +167,7 @@ class UsageLedger:
                 figure = self._dropped if drop is not None and hour <= drop else self._folded
                 _bump(figure, project, sign * units)
                 continue
-            left = per_hour.get(hour, 0) + sign * units
-            if left:
-                per_hour[hour] = left
-            else:
-                per_hour.pop(hour, None)
+            _bump(per_hour, hour, sign * units)
         if not totals:
             del self.hours[project]
         if not per_hour:
@@ -289,14 +286,9 @@ class UsageLedger:
                         units,
                     )
                 else:
-                    per_hour = ledger._per_hour.setdefault(project, {})
-                    left = per_hour.get(hour, 0) + units
-                    if left:
-                        per_hour[hour] = left
-                    else:
-                        per_hour.pop(hour, None)
-                        if not per_hour:
-                            del ledger._per_hour[project]
+                    _bump(ledger._per_hour.setdefault(project, {}), hour, units)
+            if not ledger._per_hour.get(project, True):
+                del ledger._per_hour[project]
         return ledger
 
 
@@ -320,13 +312,13 @@ def _unslots(rows: Iterable[list[Any]]) -> dict[Slot, int]:
     return hours
 
 
-def _bump(figures: dict[str, int], project: str, units: int) -> None:
-    """Add to a project's figure, dropping it at zero (a project with no units has no key)."""
-    left = figures.get(project, 0) + units
+def _bump(figures: dict[K, int], key: K, units: int) -> None:
+    """Add to a figure, dropping it at zero (a project or hour with no units has no key)."""
+    left = figures.get(key, 0) + units
     if left:
-        figures[project] = left
+        figures[key] = left
     else:
-        figures.pop(project, None)
+        figures.pop(key, None)
 
 
 def _newest(a: int | None, b: int | None) -> int | None:

@@ -27,14 +27,8 @@ secrets in `token_file` and `ticket_key_file`).
 
 local PREFIX = "allmende: "
 
-local function script_dir()
-  local info = debug and debug.getinfo and debug.getinfo(1, "S")
-  local source = info and info.source or ""
-  if source:sub(1, 1) == "@" then source = source:sub(2) end
-  return source:match("^(/.*)/[^/]*$")
-end
-
-local SCRIPT_DIR = script_dir()
+-- This file's directory (slurm.conf's), where allmende_slurm.lua is: "@/etc/slurm/x.lua" -> "/etc/slurm".
+local SCRIPT_DIR = (debug.getinfo(1, "S").source or ""):match("^@(/.*)/[^/]*$")
 local ok_a, A = pcall(dofile, (SCRIPT_DIR or ".") .. "/allmende_slurm.lua")
 if not ok_a then A = nil end
 local ok_http, http = pcall(require, "socket.http")

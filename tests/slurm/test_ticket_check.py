@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,26 +114,27 @@ def test_a_valid_ticket_admits_the_job_under_its_id_and_the_comment_is_the_users
     assert opportunistic["job"]["qos"] == "preemptible", opportunistic
 
 
+# Tickets are made when the test runs, not when it is collected: they expire.
 @pytest.mark.parametrize(
-    ("ticket", "job_changes", "why"),
+    ("make", "job_changes", "why"),
     [
-        (None, {}, "submitted without an admission"),
-        (_ticket(key="another key"), {}, "signature is wrong"),
-        (_ticket()[:-2] + "00", {}, "signature is wrong"),
-        (_ticket(ttl=-120), {}, "expired"),
-        (_ticket(dry_run=True), {}, "from a dry run"),
-        (_ticket(), {"tres_per_node": "gres:gpu:h100:8"}, "for gpus 2, the job asks for 8"),
-        (_ticket(), {"account": "team"}, "for project rich, the job asks for team"),
-        (_ticket(), {"user_name": "bob"}, "for user alice, the job asks for bob"),
-        (_ticket(), {"time_limit": 60}, "for 300 s, the job asks for 3600 s"),
-        (_ticket(), {"qos": "high"}, "priority_class standard, the job asks for non-preemptible"),
-        ("v1.zz.00", {}, "malformed"),
+        (lambda: None, {}, "submitted without an admission"),
+        (lambda: _ticket(key="another key"), {}, "signature is wrong"),
+        (lambda: _ticket()[:-2] + "00", {}, "signature is wrong"),
+        (lambda: _ticket(ttl=-120), {}, "expired"),
+        (lambda: _ticket(dry_run=True), {}, "from a dry run"),
+        (_ticket, {"tres_per_node": "gres:gpu:h100:8"}, "for gpus 2, the job asks for 8"),
+        (_ticket, {"account": "team"}, "for project rich, the job asks for team"),
+        (_ticket, {"user_name": "bob"}, "for user alice, the job asks for bob"),
+        (_ticket, {"time_limit": 60}, "for 300 s, the job asks for 3600 s"),
+        (_ticket, {"qos": "high"}, "priority_class standard, the job asks for non-preemptible"),
+        (lambda: "v1.zz.00", {}, "malformed"),
     ],
 )
 def test_a_job_without_a_valid_ticket_is_held_with_its_request_and_why(
-    tmp_path: Path, ticket: str | None, job_changes: dict[str, Any], why: str
+    tmp_path: Path, make: Callable[[], str | None], job_changes: dict[str, Any], why: str
 ) -> None:
-    [result] = _submit(tmp_path, [_job(ticket, **job_changes)])
+    [result] = _submit(tmp_path, [_job(make(), **job_changes)])
     job = result["job"]
     assert result["rc"] == 0 and job["priority"] == 0, result
     assert why in job["comment"] and job["comment"].startswith("allmende: queued: held until"), result
