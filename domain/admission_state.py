@@ -555,7 +555,8 @@ class AdmissionState:
         `squat`): the restoring service gives its own, and a checkpoint taken under others is not
         loaded (its fingerprint)."""
         return {
-            "decisions": [self.decisions[j].model_dump(mode="json") for j in sorted(self.decisions)],
+            # The frozen events themselves: serialised later, outside the caller's lock.
+            "decisions": [self.decisions[j] for j in sorted(self.decisions)],
             "holds": [_hold_row(self.holds[j]) for j in sorted(self.holds)],
             "jobs": [_job_row(self.jobs[j]) for j in sorted(self.jobs)],
             "unhealthy": sorted([c, h] for c, h in self.unhealthy),
@@ -582,7 +583,7 @@ class AdmissionState:
         be what `dump` gave."""
         state = cls(retention_s=retention_s, squat=squat)
         for raw in data["decisions"]:
-            decided = AdmissionDecided.model_validate(raw)
+            decided = raw if isinstance(raw, AdmissionDecided) else AdmissionDecided.model_validate(raw)
             state.decisions[decided.job_id] = decided
         for job_id, project, allocations, expires_at, released in data["holds"]:
             pairs = tuple((str(a), _int(u)) for a, u in allocations)

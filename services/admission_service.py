@@ -268,22 +268,28 @@ class AdmissionService:
                  decisions=len(state.decisions), taken_at=checkpoint.taken_at)  # fmt: skip
         return state
 
-    def checkpoint(self) -> int | None:
-        """Write a checkpoint of the state if it is the fold of exactly the log up to an offset
-        (no decision, release or host report between the state and the log) and the job events
-        are caught up; returns its size (None: not now). The copy is taken under the lock."""
+    def checkpoint(self, within_s: float = 5.0) -> int | None:
+        """Write a checkpoint of the state at a moment it is the fold of exactly the log up to an
+        offset (no decision, release or host report between the state and the log), the job events
+        caught up; returns its size (None: no such moment within `within_s`, tried again at the
+        next round). The copy is taken under the lock; it is written outside it."""
         if self.checkpoints is None or self._diverged or not self.jobs_caught_up.is_set():
             return None
-        started = time.monotonic()
         s = self.settings
-        with self._lock:
-            if self._inflight or self._release_retry or self._unsettled:
+        deadline = time.monotonic() + within_s
+        while True:
+            with self._lock:
+                if not (self._inflight or self._release_retry or self._unsettled):
+                    started = time.monotonic()
+                    acked = self._log.acked_end if self._log is not None else None
+                    own = max(self._log_next, acked or 0)
+                    offsets = {s.admission_topic: {0: own}, s.job_events_topic: dict(self._jobs_next)}
+                    body = self.state.dump()
+                    held_s = time.monotonic() - started
+                    break
+            if time.monotonic() > deadline or self._stop.is_set():
                 return None
-            acked = self._log.acked_end if self._log is not None else None
-            own = max(self._log_next, acked or 0)
-            offsets = {s.admission_topic: {0: own}, s.job_events_topic: dict(self._jobs_next)}
-            body = self.state.dump()
-        held_s = time.monotonic() - started
+            time.sleep(0.01)  # a decision's commit takes milliseconds: a quiet moment comes soon
         size = self.checkpoints.save(Checkpoint(CHECKPOINT_KIND, offsets, self._fingerprint(), body))
         log.info("checkpoint_saved", kind=CHECKPOINT_KIND, bytes=size, jobs=len(body["jobs"]),
                  lock_s=round(held_s, 4), seconds=round(time.monotonic() - started, 3))  # fmt: skip

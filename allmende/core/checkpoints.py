@@ -52,7 +52,7 @@ class CheckpointStore:
 
     def save(self, checkpoint: Checkpoint) -> int:
         """Write it in place of the last one (atomically); returns the file's size."""
-        body = gzip.compress(orjson.dumps(checkpoint.body), compresslevel=1)
+        body = gzip.compress(encode_body(checkpoint.body), compresslevel=1)
         offsets = {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in checkpoint.offsets.items()}
         header = {
             "magic": MAGIC, "format": FORMAT, "kind": checkpoint.kind,
@@ -107,6 +107,19 @@ def _read(target: Path, kind: str, fingerprint: Mapping[str, Any]) -> Checkpoint
     return Checkpoint(
         kind, offsets, header["fingerprint"], orjson.loads(gzip.decompress(body)), header["taken_at"]
     )
+
+
+def encode_body(body: Any) -> bytes:
+    """A body as JSON: plain data, and the frozen event models a dump may hold by reference (taken
+    under a lock cheaply, serialised here, outside it)."""
+    return orjson.dumps(body, default=_event_json)
+
+
+def _event_json(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return dump(mode="json")
 
 
 def offsets_problem(expected: Offsets, beginnings: Offsets, ends: Offsets) -> str | None:

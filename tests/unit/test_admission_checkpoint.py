@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from allmende.core.checkpoints import encode_body
 from allmende.domain.admission_state import AdmissionState
 from allmende.domain.squatting import SquatRule
 from allmende.schemas.admission_events import HostRecovered, HostUnhealthy
@@ -107,7 +108,7 @@ def test_a_checkpoint_taken_anywhere_and_the_rest_give_the_state_of_the_whole(se
 
     before = AdmissionState(retention_s=R, squat=SQUAT)
     _feed(before, ops[:cut])
-    stored = orjson.dumps(before.dump())  # what the checkpoint file holds
+    stored = encode_body(before.dump())  # what the checkpoint file holds
     restored = AdmissionState.restore(orjson.loads(stored), retention_s=R, squat=SQUAT)
     assert restored.dump() == before.dump()
     assert _feed(restored, ops[cut:]) == answers[cut:]
