@@ -34,10 +34,11 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from kafka import KafkaConsumer, TopicPartition
 
-from allmende.core.checkpoints import Checkpoint, CheckpointStore, Offsets, offsets_problem
+from allmende.core.checkpoints import Checkpoint, CheckpointStore, Offsets
 from allmende.core.kafka_reading import (
     LagWatch,
     appended_late,
+    offsets_misfit,
     read_to_end,
     record_by_header,
     replaying_consumer,
@@ -249,12 +250,7 @@ class AdmissionService:
                 for p in consumer.partitions_for_topic(s.job_events_topic) or ()
             ]
             topics = (tp, *jobs)
-            beginnings, ends = consumer.beginning_offsets(list(topics)), consumer.end_offsets(list(topics))
-            problem = offsets_problem(
-                checkpoint.offsets,
-                _by_topic(beginnings),
-                _by_topic(ends),
-            )
+            problem = offsets_misfit(consumer, topics, checkpoint.offsets)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             problem = f"its body cannot be read: {exc!r}"
         if problem is not None:
@@ -758,10 +754,3 @@ def _victim_record(victim: Victim) -> VictimRecord:
     return VictimRecord(
         job_id=victim.job_id, project=victim.project, gpus=victim.gpus, code=victim.code, reason=victim.reason
     )
-
-
-def _by_topic(offsets: dict[TopicPartition, int]) -> Offsets:
-    found: Offsets = {}
-    for tp, offset in offsets.items():
-        found.setdefault(tp.topic, {})[tp.partition] = offset
-    return found

@@ -15,7 +15,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from allmende.core.checkpoints import offsets_problem
+from allmende.core.checkpoints import Offsets, offsets_problem
 
 
 def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout: float = 60.0) -> list[TopicPartition]:
@@ -40,6 +40,17 @@ def replaying_consumer(
     return consumer, partitions
 
 
+def offsets_misfit(
+    consumer: KafkaConsumer, partitions: Sequence[TopicPartition], offsets: Offsets, timeout_ms: int = 30_000
+) -> str | None:
+    """Why a checkpoint's offsets cannot resume these partitions as they are now (None: they can)."""
+    found: tuple[Offsets, Offsets] = ({}, {})
+    for held, asked in zip(found, (consumer.beginning_offsets, consumer.end_offsets), strict=True):
+        for tp, offset in asked(list(partitions), timeout_ms).items():
+            held.setdefault(tp.topic, {})[tp.partition] = offset
+    return offsets_problem(offsets, *found)
+
+
 def resume(
     consumer: KafkaConsumer,
     partitions: Sequence[TopicPartition],
@@ -50,11 +61,7 @@ def resume(
     if they fit the partitions as they are now; else leave the consumer at the beginning and say
     why (the caller replays everything)."""
     topic = partitions[0].topic if partitions else ""
-    first = {
-        topic: {tp.partition: o for tp, o in consumer.beginning_offsets(list(partitions), timeout_ms).items()}
-    }
-    ends = {topic: {tp.partition: o for tp, o in consumer.end_offsets(list(partitions), timeout_ms).items()}}
-    problem = offsets_problem({topic: dict(offsets)}, first, ends)
+    problem = offsets_misfit(consumer, partitions, {topic: dict(offsets)}, timeout_ms)
     if problem is None:
         for tp in partitions:
             consumer.seek(tp, offsets[tp.partition])
