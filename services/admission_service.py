@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +45,14 @@ from allmende.core.kafka_reading import (
     record_by_header,
     replaying_consumer,
 )
+from allmende.core.leader_lease import LeaderLease
 from allmende.core.metrics import (
     ADMISSION,
     ADMISSION_DECIDE_SECONDS,
     ADMISSION_DECISIONS,
+    ADMISSION_ELECTIONS,
     ADMISSION_LATE_EVENTS,
+    ADMISSION_LEADING,
     ADMISSION_RETIRED_JOBS,
     register,
 )
@@ -85,17 +90,29 @@ from allmende.streams.fairshare_calculator import FairShareCalculator
 log = structlog.get_logger(__name__)
 CHECKPOINT_KIND = "admission"
 STOP_TIMEOUT_S = 5.0  # how long a stop waits for the broker to take what is still on its way
+# A leader paused or killed mid-commit leaves its transaction open, and every read_committed
+# reader waits at it until the next leader fences it or the broker aborts it after this long.
+TXN_TIMEOUT_MS = 10_000
 
 
 RELEASE_CHUNK = 50  # hold releases per turn of the event loop
 
 
 class AdmissionRefused(ValueError):
-    """The request itself is wrong (unknown project or cluster, too many GPUs): a 4xx, not a verdict."""
+    """The request itself is wrong (unknown project or cluster, too many GPUs): a 4xx, not a verdict;
+    or it cannot be decided here now (503: starting, or this instance is a standby)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
+
+
+def not_leader(instance: str) -> AdmissionRefused:
+    return AdmissionRefused(
+        503, f"instance {instance} is a standby: it follows the admission log and answers reads; "
+        "ask another instance (the leader decides)", "not-leader",
+    )  # fmt: skip
 
 
 class AdmissionNotRecorded(RuntimeError):
@@ -155,6 +172,17 @@ class AdmissionService:
             else None
         )
         self.resumed_from: Offsets | None = None  # the checkpoint's offsets the start loaded
+        # Hot standby (settings.admission_election): the lease says who leads; a standby folds the
+        # log as the leader writes it (`_follow_own_log`) and refuses writes.
+        self.instance = settings.instance_name or f"{socket.gethostname()}:{os.getpid()}"
+        self.leading = False  # decides and writes (always, once started, without election)
+        self.elections = 0  # how often this instance took the lead
+        self._lease: LeaderLease | None = None
+        self._lease_changed: asyncio.Event | None = None
+        self._broken: BaseException | None = None  # the leader's writer was fenced or gave up
+        self._role_task: asyncio.Task[None] | None = None
+        self._follow_stop = threading.Event()
+        self._follow_thread: threading.Thread | None = None
 
     def now(self) -> int:
         return int(self.clock())
@@ -166,55 +194,213 @@ class AdmissionService:
 
     # -- life cycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        await asyncio.to_thread(self._replay_own_log)
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap_servers,
-            acks="all",
-            enable_idempotence=True,
-            max_batch_size=1024 * 1024,  # a group commit is one batch: room for a burst of decisions
-        )
-        await self._producer.start()
-        self._log = GroupCommit(self._producer, self.settings.admission_topic)
-        self._log.start()
+        await asyncio.to_thread(self._replay_own_log, True)
         self._jobs_thread = threading.Thread(
             target=self._follow_job_events, name="admission-jobs", daemon=True
         )
         self._jobs_thread.start()
+        if not self.settings.admission_election:
+            await self._open_log(transactional=False)
+            self.leading = True
+            ADMISSION_LEADING.set(1)
+            return
+        s, loop = self.settings, asyncio.get_running_loop()
+        changed = self._lease_changed = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        self._start_following()
+        self._lease = LeaderLease(
+            s.kafka_bootstrap_servers, s.admission_lease_topic, s.admission_lease_topic, self.instance,
+            elected=wake, deposed=wake, session_timeout_ms=s.admission_lease_timeout_ms,
+        )  # fmt: skip
+        self._lease.start()
+        self._role_task = asyncio.create_task(self._keep_role(), name="admission-role")
+
+    async def _open_log(self, transactional: bool) -> None:
+        """The producer and group commit of the admission log. Transactional (a leader): taking the
+        log's one transactional id fences the previous leader's producer: the broker aborts its
+        open transaction, and refuses its writes from then on."""
+        s = self.settings
+        fencing: dict[str, Any] = (
+            {"transactional_id": s.admission_writer_id, "transaction_timeout_ms": TXN_TIMEOUT_MS}
+            if transactional
+            else {}
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=s.kafka_bootstrap_servers,
+            acks="all",
+            enable_idempotence=True,
+            max_batch_size=1024 * 1024,  # a group commit is one batch: room for a burst of decisions
+            **fencing,
+        )
+        await producer.start()
+        try:
+            if transactional:  # an empty transaction: it waits for the id, which is the fencing
+                await producer.begin_transaction()
+                await producer.commit_transaction()
+        except BaseException:
+            await _close(producer)
+            raise
+        self._producer = producer
+        self._log = GroupCommit(
+            producer, s.admission_topic, transactional=transactional, on_broken=self._writer_broken
+        )
+        self._log.start()
+
+    async def _close_log(self) -> None:
+        log_, producer, self._log, self._producer = self._log, self._producer, None, None
+        if log_ is not None:
+            await log_.stop()
+        if producer is not None:
+            await _close(producer)
 
     async def stop(self) -> None:
         self._stop.set()
-        if self._log is not None:
-            await self._log.stop()
-        if self._producer is not None:
-            # Kafka away, the producer would wait for its batches for good: they are void anyway.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._producer.stop(), STOP_TIMEOUT_S)
-        if self._jobs_thread is not None:
-            await asyncio.to_thread(self._jobs_thread.join, 10)
+        self._follow_stop.set()
+        if self._role_task is not None:
+            self._role_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._role_task
+        await self._close_log()
+        if self._lease is not None:  # leaving the group: a standby takes over at once
+            await asyncio.to_thread(self._lease.stop)
+        for thread in (self._jobs_thread, self._follow_thread):
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 10)
 
-    def _replay_own_log(self) -> None:
+    # -- the hot standby -------------------------------------------------------------------------
+    def _writer_broken(self, exc: BaseException) -> None:
+        """The leader's transactional writer was fenced (another instance leads) or gave up."""
+        log.warning("admission_writer_broken", instance=self.instance, error=repr(exc))
+        self._broken = exc
+        if self._lease_changed is not None:
+            self._lease_changed.set()
+
+    async def _keep_role(self) -> None:
+        """Lead while the lease names this instance and its writer is not fenced; follow otherwise."""
+        assert self._lease is not None and self._lease_changed is not None
+        while True:
+            await self._lease_changed.wait()
+            self._lease_changed.clear()
+            try:
+                if self._broken is not None:
+                    await self._step_down(f"its writes are refused ({self._broken!r})")
+                    self._broken = None
+                    self._lease.rejoin()  # the lease may still name it: the group decides afresh
+                elif self._lease.leading and not self.leading:
+                    await self._take_lead()
+                elif not self._lease.leading and self.leading:
+                    await self._step_down("the lease went to another instance")
+            except Exception as exc:  # Kafka away while taking the lead: let the group decide again
+                log.exception("admission_role_change_failed", instance=self.instance, error=repr(exc))
+                await self._step_down(f"the change failed ({exc!r})")
+                self._lease.rejoin()
+
+    async def _take_lead(self) -> None:
+        started = time.monotonic()
+        await asyncio.to_thread(self._stop_following)
+        try:
+            await self._open_log(transactional=True)
+            # Fenced, the last leader cannot add to the log: its end is final; fold up to it.
+            await asyncio.to_thread(self._catch_up_own_log)
+        except BaseException:
+            await self._close_log()
+            self._start_following()
+            raise
+        self.leading = True
+        self.elections += 1
+        ADMISSION_LEADING.set(1)
+        ADMISSION_ELECTIONS.inc()
+        log.info("admission_leading", instance=self.instance, seconds=round(time.monotonic() - started, 3))
+
+    async def _step_down(self, why: str) -> None:
+        """Stop writing and rebuild from the log: the state may hold what the log never took."""
+        was_leading, self.leading = self.leading, False
+        ADMISSION_LEADING.set(0)
+        await self._close_log()  # its waiting requests fail, and void their decisions
+        self._release_retry = []  # the next leader finds them due itself
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if was_leading:
+            await asyncio.to_thread(self._stop_following)
+            await asyncio.to_thread(self._replay_own_log, False)
+            self._start_following()
+        log.warning("admission_standing_by", instance=self.instance, why=why)
+
+    def _start_following(self) -> None:
+        if self._follow_thread is not None and self._follow_thread.is_alive():
+            return
+        self._follow_stop.clear()
+        self._follow_thread = threading.Thread(
+            target=self._follow_own_log, name="admission-follow", daemon=True
+        )
+        self._follow_thread.start()
+
+    def _stop_following(self) -> None:
+        self._follow_stop.set()
+        if self._follow_thread is not None:
+            self._follow_thread.join(30)
+        self._follow_thread = None
+
+    def _follow_own_log(self) -> None:
+        """A standby folds the admission log as the leader commits to it, from where its state is."""
+        s = self.settings
+        tp = TopicPartition(s.admission_topic, 0)
+        while not self._follow_stop.is_set():
+            consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
+            try:
+                consumer.seek(tp, self._log_next)
+                while not self._follow_stop.is_set():
+                    records = consumer.poll(timeout_ms=100).get(tp, [])
+                    self._fold_own(records, consumer.position(tp))
+            except Exception as exc:  # Kafka away: start over from where the fold stands
+                self.last_error = repr(exc)
+                log.warning("admission_follow_failed", error=repr(exc))
+                self._follow_stop.wait(1.0)
+            finally:
+                consumer.close(autocommit=False)
+
+    def _catch_up_own_log(self) -> None:
+        s = self.settings
+        tp = TopicPartition(s.admission_topic, 0)
+        consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
+        try:
+            consumer.seek(tp, self._log_next)
+            records: list[Any] = []
+            read_to_end(consumer, tp, records.append)
+            self._fold_own(records, consumer.position(tp))
+        finally:
+            consumer.close(autocommit=False)
+
+    def _fold_own(self, records: Sequence[Any], next_offset: int) -> None:
+        with self._lock:
+            for record in records:
+                event = _own_event(record)
+                if event is not None:
+                    self.state.apply(event)
+            self._log_next = max(self._log_next, next_offset)
+
+    def _replay_own_log(self, starting: bool) -> None:
         """Rebuild from the admission log: what was answered before a restart is answered again.
         From the latest checkpoint that fits the topics as they are, reading only what follows it."""
         s = self.settings
         tp = TopicPartition(s.admission_topic, 0)
         consumer, _ = replaying_consumer(s.kafka_bootstrap_servers, [tp])
-        state = self._resume(consumer, tp) or self._new_state()
+        state = self._resume(consumer, tp, starting) or self._new_state()
 
         def fold(record: Any) -> None:
-            try:
-                event = parse_admission_event(record.value)
-            except ContractError as exc:
-                log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
-                return
-            if appended_late(record):  # answered 503, delivered later: void
-                log.info("admission_event_void", event_id=event.event_id, offset=record.offset)
-                return
-            state.apply(event)
+            event = _own_event(record)
+            if event is not None:
+                state.apply(event)
 
         try:
             events = read_to_end(consumer, tp, fold)
             self._log_next = consumer.position(tp)
             with self._lock:
+                self._diverged = False  # whatever this state held, it is the log's now
                 jobs = self.state.jobs  # job events folded meanwhile stay
                 self.state = state
                 state.adopt(jobs)
@@ -232,10 +418,10 @@ class AdmissionService:
             "retention_s": s.ended_job_retention_s, "squat": squat,
         }  # fmt: skip
 
-    def _resume(self, consumer: KafkaConsumer, tp: TopicPartition) -> AdmissionState | None:
+    def _resume(self, consumer: KafkaConsumer, tp: TopicPartition, starting: bool) -> AdmissionState | None:
         """The state of the latest checkpoint that fits both topics as they are now, with the own
-        log's consumer sought to the offset it covers and the job-event fold to start where it
-        stopped; None (logged when there was one) to replay both from their beginning."""
+        log's consumer sought to the offset it covers and (`starting`) the job-event fold to start
+        where it stopped; None (logged when there was one) to replay both from their beginning."""
         if self.checkpoints is None:
             return None
         checkpoint = self.checkpoints.load(CHECKPOINT_KIND, self._fingerprint())
@@ -257,9 +443,10 @@ class AdmissionService:
             log.warning("checkpoint_ignored", kind=CHECKPOINT_KIND, reason=problem)
             return None
         consumer.seek(tp, checkpoint.offsets[s.admission_topic][0])
-        with self._lock:
-            self._jobs_next = dict(checkpoint.offsets[s.job_events_topic])
-        self.resumed_from = checkpoint.offsets
+        if starting:  # later (a leader stepping down) the job-event fold is further on: it stays
+            with self._lock:
+                self._jobs_next = dict(checkpoint.offsets[s.job_events_topic])
+            self.resumed_from = checkpoint.offsets
         log.info("checkpoint_loaded", kind=CHECKPOINT_KIND, jobs=len(state.jobs),
                  decisions=len(state.decisions), taken_at=checkpoint.taken_at)  # fmt: skip
         return state
@@ -437,6 +624,8 @@ class AdmissionService:
         hold. Answered once the decision is in the admission log; not in it within
         `write_timeout_ms` (Kafka away), it is taken back and AdmissionNotRecorded raised."""
         now = self.now()
+        if not dry_run:
+            self._require_leader()
         with self._lock:
             self.validate(request)
             prior = self.state.decisions.get(request.job_id)
@@ -538,6 +727,10 @@ class AdmissionService:
             occurred_at=now, actor=actor, job_id=job_id, reason=reason,
         )  # fmt: skip
 
+    def _require_leader(self) -> None:
+        if self.settings.admission_election and not self.leading:
+            raise not_leader(self.instance)
+
     def _require_ready(self) -> None:
         if not self.calculator.ready.is_set():
             raise AdmissionRefused(
@@ -609,6 +802,7 @@ class AdmissionService:
     ) -> AdmissionEvent:
         if cluster not in self.admin_log.state.clusters:
             raise AdmissionRefused(404, f"no cluster {cluster!r}")
+        self._require_leader()
         now = self.now()
         deadline, record_by = self._record_by()
         event = _host_event(cluster, host, healthy, reason, actor, now, str(time.time_ns()))
@@ -632,6 +826,8 @@ class AdmissionService:
         ending) must not hold up the decisions waiting behind it. A hold the log does not hold
         yet waits (its release must come after it there); releases the log did not take are
         sent again next time (the state has them already)."""
+        if self.settings.admission_election and not self.leading:
+            return []  # the leader releases; a standby folds its releases from the log
         now = self.now()
         with self._lock:
             due = [
@@ -704,6 +900,26 @@ class AdmissionService:
         """Units held per allocation of the project now: the balance's `held` column."""
         with self._lock, self.calculator.lock:
             return self.state.held(self.calculator.usage.jobs, project)
+
+
+def _own_event(record: Any) -> AdmissionEvent | None:
+    """The event of an admission-log record, or None: unreadable (logged), or void (appended after
+    its record-by instant: answered 503, delivered later)."""
+    try:
+        event = parse_admission_event(record.value)
+    except ContractError as exc:
+        log.error("admission_event_unreadable", offset=record.offset, reason=exc.reason)
+        return None
+    if appended_late(record):
+        log.info("admission_event_void", event_id=event.event_id, offset=record.offset)
+        return None
+    return event
+
+
+async def _close(producer: AIOKafkaProducer) -> None:
+    # Kafka away, the producer would wait for its batches for good: they are void anyway.
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.stop(), STOP_TIMEOUT_S)
 
 
 def _settled(service: AdmissionService, inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:

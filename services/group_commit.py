@@ -9,6 +9,11 @@ is shared by everyone waiting, as databases share a log flush.
 
 One batch is in flight at a time, so records reach the partition in the order they were queued.
 A failed batch fails every caller in it; none of its records is reported as written.
+
+With a transactional producer (admission's hot standby) each group is one transaction: all of it
+is committed or none (read_committed readers never see an aborted group), and a producer fenced
+by a newer one with its transactional id (a new leader) fails every caller from then on: the
+commit is broken, and its owner hears of it (`on_broken`) to step down.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
+import aiokafka.producer.sender
 from aiokafka import AIOKafkaProducer
 from aiokafka.producer.message_accumulator import BatchBuilder
 
@@ -27,6 +33,11 @@ Header = tuple[str, bytes]
 Record = tuple[bytes, bytes] | tuple[bytes, bytes, Sequence[Header]]  # key, value[, headers]
 # Below Kafka's default message.max.bytes (1 MiB) with room for the batch's own header.
 MAX_RECORD_BYTES = 1_000_000
+ABORT_TIMEOUT_S = 5.0  # an abort Kafka does not answer: the producer is given up (broken)
+# Between two transactions the broker writes the last one's markers; the next one's partition is
+# refused (CONCURRENT_TRANSACTIONS) until then. aiokafka waits 20 ms before asking again; the
+# markers take a millisecond or two here, so every group commit would wait ~20 ms for nothing.
+aiokafka.producer.sender.BACKOFF_OVERRIDE = 0.002
 
 
 # Each caller's records, and its future: done with the broker's append time (ms; None when the
@@ -93,11 +104,21 @@ def _retrieved(future: asyncio.Future[int | None]) -> None:
 
 
 class GroupCommit:
-    def __init__(self, producer: AIOKafkaProducer, topic: str, partition: int = 0) -> None:
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        topic: str,
+        partition: int = 0,
+        transactional: bool = False,
+        on_broken: Callable[[BaseException], None] | None = None,
+    ) -> None:
         register(GROUP_COMMIT)
         self._producer = producer
         self._topic = topic
         self._partition = partition
+        self._transactional = transactional
+        self._on_broken = on_broken
+        self.broken: BaseException | None = None  # transactional: fenced, or an abort not answered
         self._queue: Group = []
         self._inflight: Group = []  # the group being committed
         self._wake = asyncio.Event()
@@ -132,6 +153,8 @@ class GroupCommit:
         cancelling it would not take the records back."""
         if self._task is None:
             raise RuntimeError("the group commit has not started")
+        if self.broken is not None:
+            raise RuntimeError(f"the group commit is broken: {self.broken!r}")
         for key, value, *_ in records:
             if len(key) + len(value) > MAX_RECORD_BYTES:
                 raise ValueError(f"a record of {len(key) + len(value):,} bytes is above {MAX_RECORD_BYTES:,}")
@@ -154,10 +177,54 @@ class GroupCommit:
                 group, self._queue = self._queue, []
                 self._inflight = group
                 try:
-                    await self._commit(group)
+                    await (self._commit_atomically(group) if self._transactional else self._commit(group))
                 except Exception as exc:  # a bug, not the broker: fail the group, keep committing
                     _fail(group, exc)
                 self._inflight = []
+
+    async def _commit_atomically(self, group: Group) -> None:
+        """The group as one transaction: every caller hears that it is committed, or that it is not."""
+        if self.broken is not None:
+            _fail(group, RuntimeError(f"the group commit is broken: {self.broken!r}"))
+            return
+        started = time.perf_counter()
+        batches = fill_batches(self._producer.create_batch, group)
+        producer = self._producer
+        try:
+            await producer.begin_transaction()
+            acks = [await producer.send_batch(b, self._topic, partition=self._partition) for b, _ in batches]
+            appended = [await ack for ack in acks]
+            # Unanswered (Kafka away mid-commit), its outcome is unknown: given up as broken.
+            await asyncio.wait_for(producer.commit_transaction(), ABORT_TIMEOUT_S)
+        except Exception as exc:
+            _fail(group, exc)
+            await self._abandon(exc)
+            return
+        last = appended[-1]
+        end = last.offset + batches[-1][0].record_count()
+        self.acked_end = end if self.acked_end is None else max(self.acked_end, end)
+        self.batches += len(batches)
+        GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
+        GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
+        for metadata, (_, callers) in zip(appended, batches, strict=True):
+            stamped = metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
+            for future in callers:  # a caller split over batches: the last one's time
+                if not future.done():
+                    future.set_result(stamped)
+
+    async def _abandon(self, exc: BaseException) -> None:
+        """Abort the failed transaction; fenced, or the abort unanswered, the producer is done for."""
+        producer = self._producer
+        txn = producer._txn_manager  # aiokafka exposes no state of its own: fatal means fenced
+        if txn is not None and not txn.is_fatal_error():
+            try:
+                await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
+                return
+            except Exception as abort_exc:
+                exc = abort_exc
+        self.broken = exc
+        if self._on_broken is not None:
+            self._on_broken(exc)
 
     async def _commit(self, group: Group) -> None:
         """Send the group in as few batches as fit; each caller hears of the batches its records

@@ -123,6 +123,7 @@ class OffsetsBesideData:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=s.writer_batch_max,
+            isolation_level="read_committed",  # an aborted admission transaction is no history
             **extra,
         )
 

@@ -135,6 +135,8 @@ class LocalBroker:
             "share.coordinator.state.topic.min.isr": "1",
             # A single local node: no reason to delay the first rebalance.
             "group.initial.rebalance.delay.ms": "0",
+            # Admission's leader lease is a group session: a standby takes over within seconds.
+            "group.min.session.timeout.ms": "1000",
             "auto.create.topics.enable": "false",
         }
         path = self.home / "server.properties"

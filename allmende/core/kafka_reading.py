@@ -32,7 +32,9 @@ def replaying_consumer(
     bootstrap: str, source: str | Sequence[TopicPartition], **config: Any
 ) -> tuple[KafkaConsumer, list[TopicPartition]]:
     """A consumer assigned the partitions (or every partition of a topic), at their beginning,
-    committing nothing; and the partitions."""
+    committing nothing; and the partitions. It reads what is committed only: the admission log's
+    leader writes in transactions, and an aborted one (its answer was 503) must never be folded."""
+    config = {"isolation_level": "read_committed", **config}
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **config)
     partitions = wait_for_partitions(consumer, source) if isinstance(source, str) else list(source)
     consumer.assign(partitions)

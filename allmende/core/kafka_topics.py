@@ -36,6 +36,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(settings.admin_events_topic, 1, stamped),
         # The admission service's own log: decisions, holds, host health; it rebuilds from it.
         TopicSpec(settings.admission_topic, 1, stamped),
+        # Never written: its one partition, assigned in a consumer group, is the admission lease.
+        TopicSpec(settings.admission_lease_topic, 1),
         TopicSpec(settings.dead_letter_topic, 1, keep_forever),
         # Burn warnings, once per crossing; the alerter rebuilds what it has sent from it.
         TopicSpec(settings.alerts_topic, 1, keep_forever),

@@ -111,6 +111,12 @@ ADMISSION_LATE_EVENTS = _counter(
     "allmende_admission_late_events_total",
     "Events of a job admission no longer holds, older than the retention behind their partition (ignored)",
 )
+ADMISSION_LEADING = _gauge(
+    "allmende_admission_leading", "1 while this instance decides and writes; 0 while it stands by"
+)
+ADMISSION_ELECTIONS = _counter(
+    "allmende_admission_elections_total", "Times this instance took the lead of the admission log"
+)
 ADMISSION_DECIDE_SECONDS = _histogram(
     "allmende_admission_decide_seconds",
     "Time to decide (without publishing)",
@@ -187,7 +193,10 @@ WRITER = (
 DECISION_WRITER = (DECISIONS_WRITTEN, DECISION_RECORDS_SKIPPED)
 ADMIN_LOG = (ADMIN_EVENTS_APPLIED, ADMIN_EVENTS_REFUSED)
 FAIRSHARE = (FAIRSHARE_SNAPSHOTS, FAIRSHARE_FACTOR, FAIRSHARE_LAG_RECORDS)
-ADMISSION = (ADMISSION_DECISIONS, ADMISSION_DECIDE_SECONDS, ADMISSION_RETIRED_JOBS, ADMISSION_LATE_EVENTS)
+ADMISSION = (
+    ADMISSION_DECISIONS, ADMISSION_DECIDE_SECONDS, ADMISSION_RETIRED_JOBS, ADMISSION_LATE_EVENTS,
+    ADMISSION_LEADING, ADMISSION_ELECTIONS,
+)  # fmt: skip
 GROUP_COMMIT = (GROUP_COMMIT_SECONDS, GROUP_COMMIT_CALLERS)
 ALERTS = (
     BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES,

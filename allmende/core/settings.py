@@ -111,6 +111,15 @@ class Settings(BaseSettings):
     admission_ticket_key: str = ""
     admission_ticket_key_file: Path | None = None
     admission_ticket_ttl_s: int = Field(default=300, ge=10, le=86_400)
+    # A hot standby: with election on, every API process with the admission role is an instance;
+    # the one holding the lease (a consumer-group assignment on `<prefix>.admission-lease`) decides
+    # and writes through a transactional producer (a paused old leader's writes are fenced); the
+    # others follow the log, answer reads, and refuse writes with 503 `not-leader`. A leader that
+    # stops heartbeating for the lease timeout loses the lease (the broker's
+    # group.min.session.timeout.ms must allow it; the local broker's does).
+    admission_election: bool = False
+    admission_lease_timeout_ms: int = Field(default=3000, ge=1000, le=60_000)
+    instance_name: str = ""  # this process in logs and the lease's group (default: host:pid)
     interactive_max_gpus_per_user: int = Field(default=8, ge=0)
     interactive_max_hours: int = Field(default=8, ge=0)
 
@@ -184,6 +193,15 @@ class Settings(BaseSettings):
     @property
     def admission_topic(self) -> str:
         return self.topic("admission")
+
+    @property
+    def admission_lease_topic(self) -> str:
+        return self.topic("admission-lease")
+
+    @property
+    def admission_writer_id(self) -> str:
+        """The admission log's one transactional id: a new leader's producer fences the last."""
+        return self.topic("admission-writer")
 
     @property
     def fairshare_topic(self) -> str:

@@ -70,6 +70,7 @@ def read_topic(settings: Settings, topic: str, count: int, timeout: float = 60.0
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         consumer_timeout_ms=1000,
+        isolation_level="read_committed",
     )
     values: list[bytes] = []
     deadline = time.monotonic() + timeout

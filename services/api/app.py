@@ -17,6 +17,7 @@ from prometheus_client import make_asgi_app
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from allmende import __version__
+from allmende.services.admission_service import AdmissionService
 from allmende.services.api.deps import Store, Writer
 from allmende.services.api.models import Health
 from allmende.services.api.routes_admin import router as admin_router
@@ -29,6 +30,12 @@ from allmende.services.web.routes import router as web_router
 from allmende.streams.admin_log import NotRecorded
 
 STATE_AGE_HEADER = "X-Allmende-State-Age"  # seconds since the admin state last reached its log's end
+
+
+def _admission_role(admission: AdmissionService | None) -> str:
+    if admission is None:
+        return "disabled"
+    return "leader" if admission.leading else "standby"
 
 
 def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) -> FastAPI:
@@ -79,6 +86,7 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
             writer_batches=writer.batches if writer else 0,
             writer_caught_up=bool(writer and writer.caught_up.is_set()),
             admin_state_age_s=request.app.state.admin.log.age_s(),
+            admission=_admission_role(request.app.state.admission),
         )
         if health.status != "ok":
             return JSONResponse(health.model_dump(), status_code=503)

@@ -43,6 +43,9 @@ class Health(BaseModel):
     # Seconds since the admin state (budgets, organisation) last reached the end of its log:
     # Kafka away, reads answer from that state, this old (also in every response's header).
     admin_state_age_s: float | None = None
+    # "leader" (decides and writes), "standby" (one of several instances: follows, answers
+    # reads, refuses writes with 503 not-leader) or "disabled".
+    admission: str = "disabled"
 
 
 class ErrorBody(BaseModel):

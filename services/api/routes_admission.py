@@ -137,8 +137,9 @@ def _ticket(request: Request, d: AdmissionDecided, dry_run: bool) -> str | None:
 def _refused(exc: AdmissionRefused | AdmissionNotRecorded) -> HTTPException:
     if isinstance(exc, AdmissionNotRecorded):  # Kafka away: no answer yet; the same call again is safe
         return HTTPException(503, {"detail": str(exc), "code": "not-recorded"}, headers={"Retry-After": "1"})
-    if exc.status == 503:  # still replaying after a start: the same call again is safe
-        return HTTPException(503, {"detail": str(exc), "code": "starting"}, headers={"Retry-After": "1"})
+    if exc.status == 503:  # starting, or a standby: the same call again (there, or elsewhere) is safe
+        body = {"detail": str(exc), "code": exc.code or "starting"}
+        return HTTPException(503, body, headers={"Retry-After": "1"})
     code = {404: "unknown", 409: "conflict"}.get(exc.status, "invalid")
     return HTTPException(exc.status, {"detail": str(exc), "code": code})
 
