@@ -43,7 +43,7 @@ from allmende.core.trace_files import read_trace
 from allmende.domain.metering import JobMeter
 from allmende.domain.postings import newest_per_entry
 from allmende.domain.traces import TraceFormat, TraceJob, job_events, with_idle_placeholders
-from allmende.schemas.ledger import encode_entries
+from allmende.schemas.ledger import encode_entries, encode_retired
 from allmende.testing.budget_harness import (
     ADMIN,
     SCHEDULER,
@@ -117,9 +117,13 @@ def plan_for(clusters: dict[str, int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def publish_entries(settings: Settings, jobs: list[TraceJob], sample_every: int) -> int:
+def publish_entries(
+    settings: Settings, jobs: list[TraceJob], sample_every: int, retire_after_s: int | None = None
+) -> int:
     """Meter every job here and publish its entries, keyed by job, to the ledger-entry topic (what
-    the meter worker would emit, without faust's per-record cost); returns the GPU-seconds."""
+    the meter worker would emit, without faust's per-record cost); returns the GPU-seconds. With
+    `retire_after_s`, each job's entries are followed by the meter's `retired` record, as the meter
+    sends it that long after the job's end: history, not live state."""
     producer = KafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         acks="all",
@@ -138,6 +142,13 @@ def publish_entries(settings: Settings, jobs: list[TraceJob], sample_every: int)
             for i in range(0, len(entries), ENTRIES_PER_RECORD):
                 chunk = encode_entries(entries[i : i + ENTRIES_PER_RECORD])
                 producer.send(settings.ledger_entries_topic, key=job.job_id.encode(), value=chunk)
+            if retire_after_s is not None:
+                at = job.start_at + job.duration_s + retire_after_s
+                producer.send(
+                    settings.ledger_entries_topic,
+                    key=job.job_id.encode(),
+                    value=encode_retired(job.job_id, at),
+                )
             total += meter.gpu_seconds()
             progress.advance(task)
     producer.flush()
