@@ -72,11 +72,16 @@ RETIRE_EVERY_S = 1.0  # how often admission lets go of jobs past their retention
 ADMIN_FOLLOW_S = 0.5  # how stale the dashboards' admin state may be (commands here show at once)
 
 
+# `--role reads`: none of the roles, HTTP alone (the ledger's and the pages' reads, from ClickHouse).
+READS_ONLY = "reads"
+
+
 def with_roles(settings: Settings, roles: set[str]) -> Settings:
-    """`settings` with exactly `roles` switched on in the API process."""
+    """`settings` with exactly `roles` switched on in the API process (`reads` alone: none)."""
+    roles = roles - {READS_ONLY}
     unknown = roles - API_ROLES.keys()
     if unknown:
-        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join(API_ROLES)}")
+        raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join([*API_ROLES, READS_ONLY])}")
     return settings.model_copy(update={flag: role in roles for role, flag in API_ROLES.items()})
 
 

@@ -120,7 +120,7 @@ def serve(
         list[str] | None,
         typer.Option(
             help="run only these roles beside HTTP (repeat): writer, fairshare, admission, alerts; "
-            "default: as the settings say (all, one box)"
+            "reads: none, HTTP alone; default: as the settings say (all, one box)"
         ),
     ] = None,
 ) -> None:

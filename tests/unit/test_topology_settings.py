@@ -58,6 +58,12 @@ def test_roles_switch_exactly_the_named_components_on() -> None:
     assert all(getattr(everything, flag) for flag in API_ROLES.values())
 
 
+def test_reads_alone_runs_http_without_any_component() -> None:
+    s = with_roles(Settings(), {"reads"})
+    assert not any(getattr(s, flag) for flag in API_ROLES.values())
+    assert with_roles(Settings(), {"reads", "fairshare"}).fairshare_enabled
+
+
 def test_an_unknown_role_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known: writer, fairshare, admission, alerts"):
         with_roles(Settings(), {"writer", "ledger"})
