@@ -275,6 +275,17 @@ class AdmissionState:
             self.apply(event)
         return before
 
+    def redo(self, tentative: Tentative) -> bool:
+        """Fold again a voided decision the log took after all (its acknowledgement came after its
+        answer's deadline), so the state is the log's fold again; False, and nothing done, when
+        the job was decided anew meanwhile."""
+        job_id = tentative.events[0].job_id
+        if self.decisions.get(job_id) is not tentative.decision:
+            return False
+        for event in tentative.events:
+            self.apply(event)
+        return True
+
     def void(self, tentative: Tentative) -> None:
         """Take back a tentative decision and hold: the state is as if they had never come (the
         same events, appended to the log too late, are void there as well)."""

@@ -925,13 +925,19 @@ async def _close(producer: AIOKafkaProducer) -> None:
 def _settled(service: AdmissionService, inflight: _InFlight, sent: asyncio.Future[int | None]) -> None:
     """A send finished. One taken in time after its decision was voided (its acknowledgement
     later than the answer's deadline, though appended before `record_by`) is the one case where
-    the log holds what the requester was told it does not: said loudly."""
+    the log holds what the requester was told it does not: said loudly, and the decision folded
+    again, so that the state stays the fold of its log (what a replay or a checkpoint holds). Only
+    if the job was decided anew meanwhile does the state stay apart from the log: then no
+    checkpoint is taken of it (a restart replays the log)."""
     if not inflight.voided[0] or sent.cancelled() or sent.exception() is not None:
         return
     appended = sent.result()
     if appended is None or appended <= inflight.record_by:
-        log.error("admission_recorded_after_refusal", job_id=inflight.decided.job_id, appended_ms=appended)
-        service._diverged = True  # a replay folds what this state voided: never checkpoint it
+        job_id = inflight.decided.job_id
+        log.error("admission_recorded_after_refusal", job_id=job_id, appended_ms=appended)
+        with service._lock:
+            if job_id in service._inflight or not service.state.redo(inflight.tentative):
+                service._diverged = True
 
 
 def _attempt(state: AdmissionState, job_id: str) -> int:

@@ -170,6 +170,30 @@ def test_a_voided_decision_leaves_the_state_as_if_it_had_never_come(seen_before:
     assert all(before.apply(e) for e in events) and before.held({}) == {"x": 15}
 
 
+def test_a_voided_decision_the_log_took_after_all_is_folded_again_as_the_log_has_it() -> None:
+    log = [decided("a"), hold("a", ("x", 5))]
+    events = [decided("b"), hold("b", ("x", 10))]
+    live = AdmissionState.of(log, [])
+    tentative = live.apply_tentative(events)
+    live.void(tentative)
+    assert live.redo(tentative)  # the acknowledgement came late, the records are valid
+    replayed = AdmissionState.of([*log, *events], [])
+    assert _view(live, T + 10) == _view(replayed, T + 10) and live.held({}) == {"x": 15}
+    for at in (T + DEADLINE + 10, T + 3600 + DEADLINE + 10):  # its start deadline and hold expiry too
+        assert _view(live, at) == _view(replayed, at)
+
+
+def test_a_voided_decision_is_not_folded_again_over_a_new_decision_for_its_job() -> None:
+    live = AdmissionState.of([], [])
+    tentative = live.apply_tentative([decided("b"), hold("b", ("x", 10))])
+    live.void(tentative)
+    live.apply(
+        decided("b").model_copy(update={"verdict": "reject", "lane": None})
+    )  # asked again, decided anew
+    assert not live.redo(tentative)
+    assert live.decisions["b"].verdict == "reject" and live.held({}) == {}
+
+
 def test_a_running_job_past_its_request_and_the_grace_has_overran() -> None:
     state = AdmissionState()
     state.apply(decided("a"))  # asks for 3600 s
