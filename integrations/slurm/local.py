@@ -32,6 +32,7 @@ JOB_SUBMIT_LUA = ROOT / "integrations/slurm/job_submit.lua"
 CLI_FILTER_LUA = ROOT / "integrations/slurm/cli_filter.lua"
 SUBMIT_TOKEN = "submit-secret"  # the platform's ALLMENDE_SUBMIT_TOKENS: cli_filter's token
 HOOK = ROOT / "integrations/slurm/hooks/allmende_slurmctld.sh"
+NODE_HOOK = ROOT / "integrations/slurm/hooks/dcgm_job_mapping.sh"  # the node's Prolog and Epilog
 
 PARTITION = "gpu"
 PLATFORM_CLUSTER = "slurm-h100"
@@ -56,6 +57,11 @@ class SlurmCluster:
     @property
     def etc(self) -> Path:
         return self.state / "etc"
+
+    @property
+    def dcgm_mapping_dir(self) -> Path:
+        """Where the node's prolog writes dcgm-exporter's per-GPU job files (start.sh's default)."""
+        return self.state / "dcgm-jobs"
 
     @property
     def spool(self) -> Path:
@@ -236,7 +242,12 @@ def slurm_env(
         "ALLMENDE_SLURM_JOB_SUBMIT_LUA": str(JOB_SUBMIT_LUA),
         "ALLMENDE_SLURM_CLI_FILTER_LUA": str(CLI_FILTER_LUA) if cli_filter else "none",
         **(
-            {"ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK), "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK)}
+            {
+                "ALLMENDE_SLURM_PROLOG_SLURMCTLD": str(HOOK),
+                "ALLMENDE_SLURM_EPILOG_SLURMCTLD": str(HOOK),
+                "ALLMENDE_SLURM_PROLOG": str(NODE_HOOK),
+                "ALLMENDE_SLURM_EPILOG": str(NODE_HOOK),
+            }
             if hooks
             else {}
         ),
