@@ -140,6 +140,29 @@ def server(argv: list[str], env: dict[str, str], core: int, log: Path) -> Iterat
         child.stop(signal.SIGINT, timeout=20)  # uvicorn's graceful stop: the lifespan closes Kafka
 
 
+def platform_env(
+    bootstrap: str,
+    tmp: Path,
+    tag: str,
+    admin_token: str = ADMIN_TOKEN,
+    scheduler_token: str = SCHEDULER_TOKEN,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a bench's API process: its broker, an embedded chDB and topics of the
+    run's own (`tag`), the bench's tokens; `extra` as ALLMENDE_<NAME> settings."""
+    return {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "ALLMENDE_CLICKHOUSE_DSN": f"chdb://{tmp / 'chdb'}",
+        "ALLMENDE_CLICKHOUSE_DATABASE": tag,
+        "ALLMENDE_TOPIC_PREFIX": tag,
+        "ALLMENDE_WRITER_GROUP": f"{tag}-writer",
+        "ALLMENDE_ADMIN_TOKENS": f"bench:{admin_token}",
+        "ALLMENDE_SCHEDULER_TOKENS": f"bench-scheduler:{scheduler_token}",
+        **{f"ALLMENDE_{name.upper()}": value for name, value in extra.items()},
+    }  # fmt: skip
+
+
 def wait_http(url: str, proc: Child, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -692,18 +715,9 @@ def main() -> None:
             # Runs after the servers stop, and before a broker this run started stops.
             stack.callback(delete_topics, bootstrap, tag)
             api_port, trivial_port = free_port(), free_port()
-            env = {
-                **os.environ,
-                "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-                "ALLMENDE_CLICKHOUSE_DSN": f"chdb://{tmp / 'chdb'}",
-                "ALLMENDE_CLICKHOUSE_DATABASE": tag,
-                "ALLMENDE_TOPIC_PREFIX": tag,
-                "ALLMENDE_WRITER_GROUP": f"{tag}-writer",
-                "ALLMENDE_ADMIN_TOKENS": f"bench:{ADMIN_TOKEN}",
-                "ALLMENDE_SCHEDULER_TOKENS": f"bench-scheduler:{SCHEDULER_TOKEN}",
-                "ALLMENDE_LOG_LEVEL": "WARNING",
-                "ALLMENDE_ADMISSION_START_DEADLINE_S": str(args.start_deadline),
-            }
+            env = platform_env(
+                bootstrap, tmp, tag, log_level="WARNING", admission_start_deadline_s=str(args.start_deadline)
+            )
             api_log, trivial_log = tmp / "api.log", tmp / "trivial.log"
             api_argv = [sys.executable, "-m", "allmende", "serve", "--port", str(api_port)]
             api = stack.enter_context(server(api_argv, env, server_core, api_log))

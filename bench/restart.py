@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from admission import HttpxConnection, Pool, wait_http
+from admission import HttpxConnection, Pool, platform_env, wait_http
 from dashboard import TRACE, publish_entries
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
@@ -269,19 +269,10 @@ def main() -> None:
     rows: list[tuple[str, float, float]] = []
     with ExitStack() as stack:
         bootstrap, _ = stack.enter_context(kafka(args.bootstrap, None, tmp))
-        env = {
-            **os.environ,
-            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "ALLMENDE_STATE_DIR": str(tmp / "api-state"),
-            "ALLMENDE_CLICKHOUSE_DSN": f"chdb://{tmp / 'chdb'}",
-            "ALLMENDE_CLICKHOUSE_DATABASE": tag,
-            "ALLMENDE_TOPIC_PREFIX": tag,
-            "ALLMENDE_WRITER_GROUP": f"{tag}-writer",
-            "ALLMENDE_ADMIN_TOKENS": f"bench:{ADMIN_TOKEN}",
-            "ALLMENDE_SCHEDULER_TOKENS": f"bench-scheduler:{SCHEDULER_TOKEN}",
-            "ALLMENDE_STARTUP_REPLAY_TIMEOUT_S": "900",
-            "ALLMENDE_LOG_JSON": "false",
-        }
+        env = platform_env(
+            bootstrap, tmp, tag, ADMIN_TOKEN, SCHEDULER_TOKEN, state_dir=str(tmp / "api-state"),
+            startup_replay_timeout_s="900", log_json="false",
+        )  # fmt: skip
         api = Api(env, free_port(), tmp / "logs")
         stack.callback(api.kill)
         proc = api.start()

@@ -79,6 +79,7 @@ from admission import (
     cpu_seconds,
     delete_topics,
     plan_yaml,
+    platform_env,
     quarter,
     wait_http,
 )
@@ -614,19 +615,10 @@ def main() -> None:
             bootstrap, broker_pid = stack.enter_context(kafka(args.bootstrap, args.broker_pid, tmp))
             stack.callback(delete_topics, bootstrap, tag)  # after the processes stop, before the broker
             api_port = free_port()
-            api_env = {
-                **os.environ,
-                "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-                "ALLMENDE_STATE_DIR": str(tmp / "api-state"),
-                "ALLMENDE_CLICKHOUSE_DSN": f"chdb://{tmp / 'chdb'}",
-                "ALLMENDE_CLICKHOUSE_DATABASE": tag,
-                "ALLMENDE_TOPIC_PREFIX": tag,
-                "ALLMENDE_WRITER_GROUP": f"{tag}-writer",
-                "ALLMENDE_ADMIN_TOKENS": f"bench:{ADMIN_TOKEN}",
-                "ALLMENDE_SCHEDULER_TOKENS": f"bench-scheduler:{SCHEDULER_TOKEN}",
-                "ALLMENDE_LOG_LEVEL": args.api_log_level,
-                "ALLMENDE_ENDED_JOB_RETENTION_S": str(args.retention),
-            }
+            api_env = platform_env(
+                bootstrap, tmp, tag, state_dir=str(tmp / "api-state"), log_level=args.api_log_level,
+                ended_job_retention_s=str(args.retention),
+            )  # fmt: skip
             api_log = tmp / "api.log"
             api_argv = python_module("allmende", "serve", "--port", str(api_port))
             api = stack.enter_context(child(api_argv, api_env, api_log))
