@@ -128,10 +128,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     if s.writer_enabled:
         # One admin log for both: a policy the API publishes is the writer's next price list.
         writer = LedgerWriter(s, store, admin_log=admin_log)
-        writer.start()
         decision_writer, preemption_writer = DecisionWriter(s, store), PreemptionWriter(s, store)
-        decision_writer.start()
-        preemption_writer.start()
     await run_in_threadpool(admin_log.catch_up)
     fairshare = None
     if s.fairshare_enabled or s.admission_enabled:
@@ -145,6 +142,11 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         # Serve once budgets and fair share reflect the whole ledger (admission refuses until
         # then): bounded, so a slow replay still lets the other routes answer.
         await run_in_threadpool(fairshare.ready.wait, s.startup_replay_timeout_s)
+    # The writers start once admission can answer: their catch-up (the ledger's reconciliation
+    # scans every posting) would otherwise take the cores the replay the scheduler waits for needs.
+    for keeper in (writer, decision_writer, preemption_writer):
+        if keeper is not None:
+            keeper.start()
     admin = AdminService(
         admin_log, store, writer, expiry_grace_s=s.expiry_grace_s,
         held=admission.held_units if admission is not None else None,

@@ -1,12 +1,13 @@
 """Restart: how long the API takes to admit again after `kill -9`, from its checkpoints and by a
 full replay, in the same run, and again with the history doubled (issue 23, "Restart").
 
-History: the ElasticFlow trace (all ten cluster files by default): its job events on the job-event
-topic (a usage sample every --sample-every s), its ledger entries metered here with the meter's
-own `JobMeter` and published to the ledger-entry topic (bench/dashboard.py's way: the API's writer
+History: the ElasticFlow trace (all ten cluster files by default), in the order a cluster makes
+it: every job asked for admission through the API first (its decision and hold on the admission
+log, against a plan for the current quarter), then its job events on the job-event topic (a usage
+sample every --sample-every s) and its ledger entries, metered here with the meter's own
+`JobMeter` and published to the ledger-entry topic (bench/dashboard.py's way: the API's writer
 posts them to chDB as in production), each job's followed by the meter's `retired` record (the
-trace's jobs ended years ago: history, not live state), and every job asked for admission through the API (its
-decision and hold on the admission log), against a plan for the current quarter. Then, in turn:
+trace's jobs ended years ago: history, not live state). Then, in turn:
 
   checkpoints  wait until both checkpoints (fair share, admission) cover the history; kill -9 the
                API; start it again; time until a new job's `POST /v1/admission` answers 200
@@ -200,6 +201,10 @@ class Api:
 
 
 def load_history(api: Api, settings: Settings, jobs: list[TraceJob], sample_every: int) -> None:
+    """Admissions first (a job is asked for before it runs), then its lifecycle and its usage."""
+    t0 = time.monotonic()
+    counts = asyncio.run(admit_all(api.url, jobs))
+    say.print(f"  admissions: {counts} in {time.monotonic() - t0:.0f} s")
     t0 = time.monotonic()
     events = publish_job_events(settings, jobs, sample_every)
     say.print(f"  job events: {events:,} in {time.monotonic() - t0:.0f} s")
@@ -208,9 +213,6 @@ def load_history(api: Api, settings: Settings, jobs: list[TraceJob], sample_ever
     say.print(
         f"  ledger entries: {gpu_seconds / 3600:,.1f} GPU-hours metered in {time.monotonic() - t0:.0f} s"
     )
-    t0 = time.monotonic()
-    counts = asyncio.run(admit_all(api.url, jobs))
-    say.print(f"  admissions: {counts} in {time.monotonic() - t0:.0f} s")
     t0 = time.monotonic()
     while not api.health().get("writer_caught_up"):
         time.sleep(2)

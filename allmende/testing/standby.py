@@ -206,10 +206,12 @@ class Load:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
     def stop(self) -> list[Answer]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-        self.client.close()
+        """Stop asking (again: nothing); the answers so far."""
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(30)
+            self.client.close()
         return self.answers
 
 

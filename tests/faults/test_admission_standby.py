@@ -16,6 +16,8 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -66,12 +68,22 @@ def _asked_of(instance: Instance, job_id: str) -> httpx.Response:
     return httpx.get(f"{instance.url}/v1/admission/{job_id}", headers=headers, timeout=5)
 
 
-def test_kill_9_of_the_leader(kafka_bootstrap: str, tmp_path: Path) -> None:
+@contextmanager
+def _under_load(bootstrap: str, home: Path, prefix: str) -> Iterator[tuple[str, Instance, Instance, Load]]:
+    """Two instances (a leads) on topics of their own, the plan applied, the load running."""
     tag = f"standby{uuid.uuid4().hex[:8]}"
-    with instances(["a", "b"], kafka_bootstrap, tag, tmp_path) as (a, b):
+    with instances(["a", "b"], bootstrap, tag, home) as (a, b):
         apply_plan(a.url, BUDGET_HOURS)
-        load = Load(FailoverClient([a, b]), prefix="kill")
+        load = Load(FailoverClient([a, b]), prefix=prefix)
         load.start()
+        try:
+            yield tag, a, b, load
+        finally:
+            load.stop()
+
+
+def test_kill_9_of_the_leader(kafka_bootstrap: str, tmp_path: Path) -> None:
+    with _under_load(kafka_bootstrap, tmp_path, "kill") as (tag, a, b, load):
         time.sleep(3.0)
         killed_at = time.monotonic()
         a.proc.send_signal(signal.SIGKILL)
@@ -98,11 +110,7 @@ def test_kill_9_of_the_leader(kafka_bootstrap: str, tmp_path: Path) -> None:
 
 
 def test_kill_stop_of_the_leader(kafka_bootstrap: str, tmp_path: Path) -> None:
-    tag = f"standby{uuid.uuid4().hex[:8]}"
-    with instances(["a", "b"], kafka_bootstrap, tag, tmp_path) as (a, b):
-        apply_plan(a.url, BUDGET_HOURS)
-        load = Load(FailoverClient([a, b]), prefix="stop")
-        load.start()
+    with _under_load(kafka_bootstrap, tmp_path, "stop") as (tag, a, b, load):
         time.sleep(2.0)
         paused_at = time.monotonic()
         a.proc.send_signal(signal.SIGSTOP)
