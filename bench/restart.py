@@ -7,9 +7,12 @@ log, against a plan for the current quarter), then its job events on the job-eve
 sample every --sample-every s) and its ledger entries, metered here with the meter's own
 `JobMeter` and published to the ledger-entry topic (bench/dashboard.py's way: the API's writer
 posts them to chDB as in production), each job's followed by the meter's `retired` record (the
-trace's jobs ended years ago: history, not live state). Then, in turn:
+trace's jobs ended years ago: history, not live state). The API runs with a retention of
+--retention s (60): the trace's jobs, decided minutes before, leave memory before the checkpoints
+are taken, as a week-old history does under the default 7 days. Then, in turn:
 
-  checkpoints  wait until both checkpoints (fair share, admission) cover the history; kill -9 the
+  checkpoints  wait until both checkpoints (fair share, admission) cover the history, taken after
+               it left memory; kill -9 the
                API; start it again; time until a new job's `POST /v1/admission` answers 200
   full replay  kill -9; start it with ALLMENDE_CHECKPOINT_EVERY_S=0; time the same way
 
@@ -149,12 +152,14 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def checkpoint_covers(path: Path, topic: str, ends: dict[int, int]) -> bool:
+def checkpoint_covers(path: Path, topic: str, ends: dict[int, int], taken_after: float) -> bool:
+    """The checkpoint covers the topic up to `ends` and was taken after `taken_after` (UTC s)."""
     if not path.exists():
         return False
-    header = orjson.loads(path.read_bytes().split(b"\n", 1)[0])
+    with path.open("rb") as f:
+        header = orjson.loads(f.readline())
     held = {int(p): o for p, o in header["offsets"].get(topic, {}).items()}
-    return all(held.get(p, 0) >= end for p, end in ends.items())
+    return header["taken_at"] >= taken_after and all(held.get(p, 0) >= end for p, end in ends.items())
 
 
 @dataclass
@@ -219,16 +224,18 @@ def load_history(api: Api, settings: Settings, jobs: list[TraceJob], sample_ever
     say.print(f"  the ledger writer caught up {time.monotonic() - t0:.0f} s later")
 
 
-def wait_checkpoints(settings: Settings, directory: Path) -> None:
+def wait_checkpoints(settings: Settings, directory: Path, retention_s: int) -> None:
+    """Until both checkpoints cover the history, taken once it has left memory (a retention on)."""
     t0 = time.monotonic()
+    after = time.time() + retention_s + 2
     bootstrap = settings.kafka_bootstrap_servers
     wanted = [
         (directory / "fairshare-usage.ckpt", settings.ledger_entries_topic),
         (directory / "admission.ckpt", settings.admission_topic),
     ]
     ends = {topic: end_offsets(bootstrap, topic) for _, topic in wanted}
-    while not all(checkpoint_covers(path, topic, ends[topic]) for path, topic in wanted):
-        if time.monotonic() - t0 > 600:
+    while not all(checkpoint_covers(path, topic, ends[topic], after) for path, topic in wanted):
+        if time.monotonic() - t0 > 600 + retention_s:
             raise SystemExit("the checkpoints did not cover the history within 600 s")
         time.sleep(1)
     say.print(f"  checkpoints cover the history ({time.monotonic() - t0:.0f} s)")
@@ -257,6 +264,11 @@ def main() -> None:
     )
     parser.add_argument("--sample-every", type=int, default=600, help="usage sample interval (s)")
     parser.add_argument("--once", action="store_true", help="do not double the history")
+    parser.add_argument(
+        "--retention", type=int, default=60,
+        help="the API's ALLMENDE_ENDED_JOB_RETENTION_S: the history, older than it, leaves memory as a "
+        "week-old history does under the default 7 days",
+    )  # fmt: skip
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     args = parser.parse_args()
 
@@ -273,13 +285,15 @@ def main() -> None:
         bootstrap, _ = stack.enter_context(kafka(args.bootstrap, None, tmp))
         env = platform_env(
             bootstrap, tmp, tag, ADMIN_TOKEN, SCHEDULER_TOKEN, state_dir=str(tmp / "api-state"),
-            startup_replay_timeout_s="900", log_json="false",
+            startup_replay_timeout_s="900", log_json="false", ended_job_retention_s=str(args.retention),
         )  # fmt: skip
         api = Api(env, free_port(), tmp / "logs")
         stack.callback(api.kill)
         proc = api.start()
         wait_http(f"{api.url}/healthz", proc, proc.log_path)
-        settings = Settings(kafka_bootstrap_servers=bootstrap, topic_prefix=tag)
+        settings = Settings(
+            kafka_bootstrap_servers=bootstrap, topic_prefix=tag, ended_job_retention_s=args.retention
+        )
         applied = httpx.post(
             f"{api.url}/v1/admin/plan/apply", json={"text": plan_yaml(jobs)},
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60,
@@ -292,7 +306,7 @@ def main() -> None:
             label = "the trace" if copy == 0 else "the trace twice"
             say.print(f"{label}: {len(jobs) * (copy + 1):,} jobs in the ledger after this load ({tmp})")
             load_history(api, settings, shifted(jobs, copy), args.sample_every)
-            wait_checkpoints(settings, tmp / "api-state" / "checkpoints" / tag)
+            wait_checkpoints(settings, tmp / "api-state" / "checkpoints" / tag, args.retention)
             entries = sum(end_offsets(bootstrap, settings.ledger_entries_topic).values())
             decisions = sum(end_offsets(bootstrap, settings.admission_topic).values())
             events = sum(end_offsets(bootstrap, settings.job_events_topic).values())
