@@ -21,6 +21,7 @@ retention late; the meter dead-letters those.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -565,25 +566,29 @@ class AdmissionState:
         the indexes that point at holds and jobs are dumped as ids. Not the settings (`retention_s`,
         `squat`): the restoring service gives its own, and a checkpoint taken under others is not
         loaded (its fingerprint)."""
+        return dump_of(self.capture())
+
+    def capture(self) -> dict[str, Any]:
+        """What `dump` reads, as immutable values (references to frozen events, tuples): cheap
+        enough to take under the lock that guards the state; `dump_of` orders it outside."""
         return {
-            # The frozen events themselves: serialised later, outside the caller's lock.
-            "decisions": [self.decisions[j] for j in sorted(self.decisions)],
-            "holds": [_hold_row(self.holds[j]) for j in sorted(self.holds)],
-            "jobs": [_job_row(self.jobs[j]) for j in sorted(self.jobs)],
-            "unhealthy": sorted([c, h] for c, h in self.unhealthy),
-            "seen": {j: sorted(ids) for j, ids in sorted(self._seen.items())},
-            "seen_hosts": dict(sorted(self._seen_hosts.items())),
-            "retire_at": [list(e) for e in self._retire_at],
-            "retired_through": sorted([p, at] for p, at in self._retired_through.items()),
-            "live": {c: sorted(j.job_id for j in load.jobs) for c, load in sorted(self.live.items())},
-            "active_holds": {p: sorted(h) for p, h in sorted(self.active_holds.items())},
-            "start_deadlines": [list(e) for e in self._start_deadlines],
-            "held_base": {p: dict(sorted(b.items())) for p, b in sorted(self._held_base.items())},
-            "spending": {p: sorted(j) for p, j in sorted(self._spending.items())},
-            "ended": sorted(self._ended),
-            "expiries": [list(e) for e in self._expiries],
-            "due": dict(sorted(self._due.items())),
-            "preempted": sorted(self.preempted),
+            "decisions": dict(self.decisions),
+            "holds": [_HOLD_ROW(h) for h in self.holds.values()],
+            "jobs": [_JOB_ROW(j) for j in self.jobs.values()],
+            "unhealthy": tuple(self.unhealthy),
+            "seen": [(j, tuple(ids)) for j, ids in self._seen.items()],
+            "seen_hosts": tuple(self._seen_hosts.items()),
+            "retire_at": tuple(self._retire_at),
+            "retired_through": tuple(self._retired_through.items()),
+            "live": [(c, tuple(j.job_id for j in load.jobs)) for c, load in self.live.items()],
+            "active_holds": [(p, tuple(h)) for p, h in self.active_holds.items()],
+            "start_deadlines": tuple(self._start_deadlines),
+            "held_base": [(p, tuple(b.items())) for p, b in self._held_base.items()],
+            "spending": [(p, tuple(j)) for p, j in self._spending.items()],
+            "ended": tuple(self._ended),
+            "expiries": tuple(self._expiries),
+            "due": tuple(self._due.items()),
+            "preempted": tuple(self.preempted),
         }
 
     @classmethod
@@ -659,9 +664,40 @@ _JOB_FIELDS = (
 )  # fmt: skip
 
 
-def _job_row(job: JobSeen) -> list[Any]:
-    row: list[Any] = [getattr(job, name) for name in _JOB_FIELDS]
-    return [list(v) if isinstance(v, tuple) else v for v in row]
+_JOB_ROW = operator.attrgetter(*_JOB_FIELDS)  # every field's value is immutable: a snapshot
+_HOLD_ROW = operator.attrgetter("job_id", "project", "allocations", "expires_at", "released")
+
+
+def dump_of(captured: dict[str, Any]) -> dict[str, Any]:
+    """`AdmissionState.dump`'s data from what `capture` took: sorted, as lists."""
+    c = captured
+    decisions = c["decisions"]
+    return {
+        # The frozen events themselves: serialised later, outside the caller's lock.
+        "decisions": [decisions[j] for j in sorted(decisions)],
+        "holds": [[j, p, [list(a) for a in allocations], expires, released]
+                  for j, p, allocations, expires, released in sorted(c["holds"])],
+        "jobs": [[list(v) if isinstance(v, tuple) else v for v in row]
+                 for row in sorted(c["jobs"], key=_first)],
+        "unhealthy": sorted([cl, h] for cl, h in c["unhealthy"]),
+        "seen": {j: sorted(ids) for j, ids in sorted(c["seen"])},
+        "seen_hosts": dict(sorted(c["seen_hosts"])),
+        "retire_at": [list(e) for e in c["retire_at"]],
+        "retired_through": sorted([p, at] for p, at in c["retired_through"]),
+        "live": {cl: sorted(ids) for cl, ids in sorted(c["live"])},
+        "active_holds": {p: sorted(ids) for p, ids in sorted(c["active_holds"])},
+        "start_deadlines": [list(e) for e in c["start_deadlines"]],
+        "held_base": {p: dict(sorted(b)) for p, b in sorted(c["held_base"])},
+        "spending": {p: sorted(ids) for p, ids in sorted(c["spending"])},
+        "ended": sorted(c["ended"]),
+        "expiries": [list(e) for e in c["expiries"]],
+        "due": dict(sorted(c["due"])),
+        "preempted": sorted(c["preempted"]),
+    }  # fmt: skip
+
+
+def _first(row: tuple[Any, ...]) -> Any:
+    return row[0]
 
 
 def _job_of(row: Sequence[Any]) -> JobSeen:
@@ -673,7 +709,3 @@ def _job_of(row: Sequence[Any]) -> JobSeen:
     values["last"] = (_int(values["last"][0]), _int(values["last"][1]))  # compared with tuples
     values["preemptions"] = tuple((_int(at), str(why)) for at, why in values["preemptions"])
     return JobSeen(**values)
-
-
-def _hold_row(hold: Hold) -> list[Any]:
-    return [hold.job_id, hold.project, [list(a) for a in hold.allocations], hold.expires_at, hold.released]

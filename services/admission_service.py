@@ -65,7 +65,7 @@ from allmende.domain.admission_model import (
     RunningJob,
     Victim,
 )
-from allmende.domain.admission_state import AdmissionState, JobRecord, JobSeen, Tentative
+from allmende.domain.admission_state import AdmissionState, JobRecord, JobSeen, Tentative, dump_of
 from allmende.domain.budget_view import ChargeRowsCache, budget_lines
 from allmende.domain.preemption import Reach, plan_victims
 from allmende.domain.squatting import SquatRule
@@ -467,12 +467,13 @@ class AdmissionService:
                     acked = self._log.acked_end if self._log is not None else None
                     own = max(self._log_next, acked or 0)
                     offsets = {s.admission_topic: {0: own}, s.job_events_topic: dict(self._jobs_next)}
-                    body = self.state.dump()
+                    captured = self.state.capture()  # references and tuples: the sorting comes after
                     held_s = time.monotonic() - started
                     break
             if time.monotonic() > deadline or self._stop.is_set():
                 return None
             time.sleep(0.01)  # a decision's commit takes milliseconds: a quiet moment comes soon
+        body = dump_of(captured)
         size = self.checkpoints.save(Checkpoint(CHECKPOINT_KIND, offsets, self._fingerprint(), body))
         log.info("checkpoint_saved", kind=CHECKPOINT_KIND, bytes=size, jobs=len(body["jobs"]),
                  lock_s=round(held_s, 4), seconds=round(time.monotonic() - started, 3))  # fmt: skip
