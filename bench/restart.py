@@ -225,16 +225,18 @@ def load_history(api: Api, settings: Settings, jobs: list[TraceJob], sample_ever
 
 
 def wait_checkpoints(settings: Settings, directory: Path, retention_s: int) -> None:
-    """Until both checkpoints cover the history, taken once it has left memory (a retention on)."""
+    """Until both checkpoints cover the history, admission's taken once the history has left its
+    memory (a retention on; fair share let go of it at the meter's `retired` records, and writes
+    a checkpoint only when its usage changed)."""
     t0 = time.monotonic()
     after = time.time() + retention_s + 2
     bootstrap = settings.kafka_bootstrap_servers
     wanted = [
-        (directory / "fairshare-usage.ckpt", settings.ledger_entries_topic),
-        (directory / "admission.ckpt", settings.admission_topic),
+        (directory / "fairshare-usage.ckpt", settings.ledger_entries_topic, 0.0),
+        (directory / "admission.ckpt", settings.admission_topic, after),
     ]
-    ends = {topic: end_offsets(bootstrap, topic) for _, topic in wanted}
-    while not all(checkpoint_covers(path, topic, ends[topic], after) for path, topic in wanted):
+    ends = {topic: end_offsets(bootstrap, topic) for _, topic, _ in wanted}
+    while not all(checkpoint_covers(path, topic, ends[topic], taken) for path, topic, taken in wanted):
         if time.monotonic() - t0 > 600 + retention_s:
             raise SystemExit("the checkpoints did not cover the history within 600 s")
         time.sleep(1)
