@@ -12,8 +12,8 @@ trace's jobs ended years ago: history, not live state). The API runs with a rete
 are taken, as a week-old history does under the default 7 days. Then, in turn:
 
   checkpoints  wait until both checkpoints (fair share, admission) cover the history, taken after
-               it left memory; kill -9 the
-               API; start it again; time until a new job's `POST /v1/admission` answers 200
+               it left memory; kill -9 the API; start it again; time until a new job's
+               `POST /v1/admission` answers 200
   full replay  kill -9; start it with ALLMENDE_CHECKPOINT_EVERY_S=0; time the same way
 
 Then (--double, the default) the trace goes in a second time (job ids suffixed, instants shifted
