@@ -163,6 +163,21 @@ def platform_env(
     }  # fmt: skip
 
 
+def apply_plan(url: str, text: str, token: str = ADMIN_TOKEN) -> None:
+    """Apply a plan through the API; a 503 (not recorded, no effect: the broker slow to take it) is
+    sent again, up to five times; anything else but 200 ends the run."""
+    for _ in range(5):
+        applied = httpx.post(
+            f"{url}/v1/admin/plan/apply", json={"text": text},
+            headers={"Authorization": f"Bearer {token}"}, timeout=60,
+        )  # fmt: skip
+        if applied.status_code != 503:
+            break
+        time.sleep(1)
+    if applied.status_code != 200:
+        raise SystemExit(f"plan not applied: {applied.status_code} {applied.text}")
+
+
 def wait_http(url: str, proc: Child, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -734,12 +749,7 @@ def main() -> None:
             wait_http(f"{trivial_url}/ping", trivial_server, trivial_log)
             wait_http(f"{api_url}/healthz", api, api_log)
             period = quarter(dt.datetime.now(dt.UTC))
-            applied = httpx.post(
-                f"{api_url}/v1/admin/plan/apply", json={"text": plan_yaml(period)},
-                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60,
-            )  # fmt: skip
-            if applied.status_code != 200:
-                raise SystemExit(f"plan not applied: {applied.status_code} {applied.text}")
+            apply_plan(api_url, plan_yaml(period))
             print(f"API on {api_url} (topics {tag}.*, chDB {tmp / 'chdb'}), trivial app on {trivial_url}; "
                   f"plan {period}: 1 cluster of 1,000,000 GPUs, {len(PROJECTS)} projects")  # fmt: skip
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from admission import HttpxConnection, Pool, platform_env, wait_http
+from admission import HttpxConnection, Pool, apply_plan, platform_env, wait_http
 from dashboard import TRACE, publish_entries
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
@@ -296,12 +296,7 @@ def main() -> None:
         settings = Settings(
             kafka_bootstrap_servers=bootstrap, topic_prefix=tag, ended_job_retention_s=args.retention
         )
-        applied = httpx.post(
-            f"{api.url}/v1/admin/plan/apply", json={"text": plan_yaml(jobs)},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60,
-        )  # fmt: skip
-        if applied.status_code != 200:
-            raise SystemExit(f"plan not applied: {applied.status_code} {applied.text}")
+        apply_plan(api.url, plan_yaml(jobs), ADMIN_TOKEN)
         probe = jobs[0]
         copies = 1 if args.once else 2
         for copy in range(copies):

@@ -75,6 +75,7 @@ from admission import (
     SCHEDULER_TOKEN,
     Pool,
     _interrupt,
+    apply_plan,
     broker_answers,
     cpu_seconds,
     delete_topics,
@@ -627,16 +628,7 @@ def main() -> None:
             period = quarter(dt.datetime.now(dt.UTC))
             # Room for twice the jobs live at once, were each of them the largest.
             cluster_gpus = min(MAX_GPUS, max(1024, math.ceil(2 * args.rate * args.run_seconds * max(GPUS))))
-            for _ in range(5):  # 503 not-recorded (the broker slow to take it): no effect, send again
-                applied = httpx.post(
-                    f"{api_url}/v1/admin/plan/apply", json={"text": plan_yaml(period, cluster_gpus)},
-                    headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60,
-                )  # fmt: skip
-                if applied.status_code != 503:
-                    break
-                time.sleep(1)
-            if applied.status_code != 200:
-                raise SystemExit(f"plan not applied: {applied.status_code} {applied.text}")
+            apply_plan(api_url, plan_yaml(period, cluster_gpus))
 
             settings = Settings(
                 state_dir=tmp / "meter-state", kafka_bootstrap_servers=bootstrap, topic_prefix=tag,
