@@ -176,7 +176,6 @@ class AdmissionService:
         # log as the leader writes it (`_follow_own_log`) and refuses writes.
         self.instance = settings.instance_name or f"{socket.gethostname()}:{os.getpid()}"
         self.leading = False  # decides and writes (always, once started, without election)
-        self.elections = 0  # how often this instance took the lead
         self._lease: LeaderLease | None = None
         self._lease_changed: asyncio.Event | None = None
         self._broken: BaseException | None = None  # the leader's writer was fenced or gave up
@@ -310,7 +309,6 @@ class AdmissionService:
             self._start_following()
             raise
         self.leading = True
-        self.elections += 1
         ADMISSION_LEADING.set(1)
         ADMISSION_ELECTIONS.inc()
         log.info("admission_leading", instance=self.instance, seconds=round(time.monotonic() - started, 3))
@@ -378,7 +376,7 @@ class AdmissionService:
     def _fold_own(self, records: Sequence[Any], next_offset: int) -> None:
         with self._lock:
             for record in records:
-                event = _own_event(record)
+                event = recorded_event(record)
                 if event is not None:
                     self.state.apply(event)
             self._log_next = max(self._log_next, next_offset)
@@ -392,7 +390,7 @@ class AdmissionService:
         state = self._resume(consumer, tp, starting) or self._new_state()
 
         def fold(record: Any) -> None:
-            event = _own_event(record)
+            event = recorded_event(record)
             if event is not None:
                 state.apply(event)
 
@@ -728,8 +726,13 @@ class AdmissionService:
             occurred_at=now, actor=actor, job_id=job_id, reason=reason,
         )  # fmt: skip
 
+    @property
+    def standing_by(self) -> bool:
+        """One of several instances, not the leader: it refuses writes."""
+        return self.settings.admission_election and not self.leading
+
     def _require_leader(self) -> None:
-        if self.settings.admission_election and not self.leading:
+        if self.standing_by:
             raise not_leader(self.instance)
 
     def _require_ready(self) -> None:
@@ -827,7 +830,7 @@ class AdmissionService:
         ending) must not hold up the decisions waiting behind it. A hold the log does not hold
         yet waits (its release must come after it there); releases the log did not take are
         sent again next time (the state has them already)."""
-        if self.settings.admission_election and not self.leading:
+        if self.standing_by:
             return []  # the leader releases; a standby folds its releases from the log
         now = self.now()
         with self._lock:
@@ -903,7 +906,7 @@ class AdmissionService:
             return self.state.held(self.calculator.usage.jobs, project)
 
 
-def _own_event(record: Any) -> AdmissionEvent | None:
+def recorded_event(record: Any) -> AdmissionEvent | None:
     """The event of an admission-log record, or None: unreadable (logged), or void (appended after
     its record-by instant: answered 503, delivered later)."""
     try:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import aiokafka.producer.sender
 from aiokafka import AIOKafkaProducer
@@ -200,17 +201,25 @@ class GroupCommit:
             _fail(group, exc)
             await self._abandon(exc)
             return
-        last = appended[-1]
-        end = last.offset + batches[-1][0].record_count()
-        self.acked_end = end if self.acked_end is None else max(self.acked_end, end)
-        self.batches += len(batches)
-        GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
-        GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
-        for metadata, (_, callers) in zip(appended, batches, strict=True):
-            stamped = metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
+        stamps = [
+            self._acked(metadata, batch) for metadata, (batch, _) in zip(appended, batches, strict=True)
+        ]
+        self._counted(started, len(batches), len(group))
+        for stamped, (_, callers) in zip(stamps, batches, strict=True):
             for future in callers:  # a caller split over batches: the last one's time
                 if not future.done():
                     future.set_result(stamped)
+
+    def _acked(self, metadata: Any, batch: BatchBuilder) -> int | None:
+        """Note a batch the broker acknowledged; its append time (None: the producer's time)."""
+        end = metadata.offset + batch.record_count()
+        self.acked_end = end if self.acked_end is None else max(self.acked_end, end)
+        return metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
+
+    def _counted(self, started: float, batches: int, callers: int) -> None:
+        self.batches += batches
+        GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
+        GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(callers)
 
     async def _abandon(self, exc: BaseException) -> None:
         """Abort the failed transaction; fenced, or the abort unanswered, the producer is done for."""
@@ -248,14 +257,10 @@ class GroupCommit:
             except Exception as exc:  # the broker refused the batch or went away
                 failed.update((id(f), exc) for f in callers)
                 continue
-            end = metadata.offset + ack_batch.record_count()
-            self.acked_end = end if self.acked_end is None else max(self.acked_end, end)
-            stamped = metadata.timestamp if metadata.timestamp_type == 1 else None  # LogAppendTime
+            stamped = self._acked(metadata, ack_batch)
             for f in callers:  # a caller split over batches: the last one's time
                 appended[id(f)] = stamped
-        self.batches += len(batches)
-        GROUP_COMMIT_SECONDS.labels(topic=self._topic).observe(time.perf_counter() - started)
-        GROUP_COMMIT_CALLERS.labels(topic=self._topic).observe(len(group))
+        self._counted(started, len(batches), len(group))
         for _, future in group:
             if future.done():
                 continue

@@ -60,7 +60,6 @@ class LeaderLease:
         self._stop = threading.Event()
         self._restart = threading.Event()
         self._thread: threading.Thread | None = None
-        self.last_error: str | None = None
 
     @property
     def leading(self) -> bool:
@@ -109,9 +108,7 @@ class LeaderLease:
                 consumer.subscribe([self.topic], listener=Listener())
                 while not (self._stop.is_set() or self._restart.is_set()):
                     consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=1)
-                    self.last_error = None
             except Exception as exc:  # Kafka away: not leading; join again once it is back
-                self.last_error = repr(exc)
                 log.warning("leader_lease_failed", instance=self.instance, error=repr(exc))
                 self._stop.wait(1.0)
             finally:

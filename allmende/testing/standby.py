@@ -25,9 +25,10 @@ import httpx
 from kafka import TopicPartition
 
 from allmende.core.kafka_local import free_port
-from allmende.core.kafka_reading import appended_late, read_to_end, replaying_consumer
+from allmende.core.kafka_reading import read_to_end, replaying_consumer
 from allmende.core.supervisor import Child, python_module, wait_until
-from allmende.schemas.admission_events import AdmissionDecided, parse_admission_event
+from allmende.schemas.admission_events import AdmissionDecided
+from allmende.services.admission_service import recorded_event
 
 ADMIN_TOKEN, SCHEDULER_TOKEN = "standby-admin", "standby-scheduler"
 CLUSTER, PROJECT, GPU_TYPE = "standby-c1", "standby-p1", "H100"
@@ -228,8 +229,8 @@ def recorded_decisions(bootstrap: str, tag: str) -> list[AdmissionDecided]:
     try:
 
         def keep(record: Any) -> None:
-            event = parse_admission_event(record.value)
-            if isinstance(event, AdmissionDecided) and not appended_late(record):
+            event = recorded_event(record)  # what the service folds: void records are not
+            if isinstance(event, AdmissionDecided):
                 found.append(event)
 
         read_to_end(consumer, tp, keep)
