@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -192,6 +193,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     )  # fmt: skip
     log.info("api_started", clickhouse=db.dsn, database=db.name, writer=s.writer_enabled)
     freeze_long_lived()  # the replayed projections: out of every later full collection
+    sys.setswitchinterval(s.gil_switch_interval_us / 1_000_000)
     try:
         yield components
     finally:

@@ -517,12 +517,20 @@ class AdmissionState:
         for name in [project] if project is not None else list(self._held_base):
             for allocation_id, units in self._held_base.get(name, {}).items():
                 found[allocation_id] = found.get(allocation_id, 0) + units
-            # Only jobs that ran can have spent part of their hold: correct for those alone.
+            # Only jobs that ran can have spent part of their hold: correct for those alone, as
+            # `Hold.remaining` spends a hold (in the order it was placed). Inlined: this runs per
+            # running job of the project on every admission request.
+            holds = self.holds
             for job_id in self._spending.get(name, ()):
-                hold = self.holds[job_id]
-                left = hold.remaining(job_charges.get(job_id, 0))
-                for allocation_id, units in hold.allocations:
-                    found[allocation_id] -= units - left.get(allocation_id, 0)
+                spent = job_charges.get(job_id, 0)
+                if spent <= 0:
+                    continue
+                for allocation_id, units in holds[job_id].allocations:
+                    used = units if units < spent else spent
+                    found[allocation_id] -= used
+                    spent -= used
+                    if not spent:
+                        break
         return {a: units for a, units in found.items() if units}
 
     def releasable(self, now: int, start_deadline_s: int) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from allmende.schemas.admission_events import ADMISSION_EVENT_TYPES, admission_e
 from allmende.schemas.alert_events import ALERT_EVENT_TYPES, alert_event_json_schema
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import JOB_EVENT_TYPES, job_event_json_schema
+from allmende.schemas.gpu_samples import GpuSamples
 
 OUT = Path(__file__).resolve().parent / "jsonschema"
 
@@ -32,6 +33,7 @@ def rendered() -> dict[str, str]:
     for model in ALERT_EVENT_TYPES:
         docs[f"{model.__name__}.schema.json"] = model.model_json_schema()
     docs["DeadLetter.schema.json"] = DeadLetter.model_json_schema()
+    docs["GpuSamples.schema.json"] = GpuSamples.model_json_schema()
     return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in docs.items()}
 
 

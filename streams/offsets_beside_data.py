@@ -27,6 +27,10 @@ from allmende.core.settings import Settings
 
 log = structlog.get_logger(__name__)
 RETRY_S = 2.0  # the wait before `run` starts again after a failure
+# Offsets of batches that wrote nothing are saved at most this often: each save is an insert (a
+# part for ClickHouse to merge), and a writer that filters (preemptions) writes nothing in most
+# batches. A crash reads those records again, which writes nothing again.
+IDLE_SAVE_EVERY_S = 10.0
 
 
 Write = Callable[[Sequence[Any]], object]  # writes a batch of consumer records, then their offsets
@@ -61,6 +65,8 @@ class OffsetsBesideData:
         self.caught_up = self._lag.caught_up
         self.batches = 0
         self.last_error: str | None = None
+        self._unsaved: dict[int, int] = {}  # offsets past batches that wrote nothing, not yet saved
+        self._saved_at = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -86,6 +92,7 @@ class OffsetsBesideData:
 
     def run(self, stop: threading.Event) -> None:
         """Read the topic from the stored offsets and write what comes, until `stop`."""
+        self._unsaved = {}  # read again from the stored offsets
         with self._session() as write:
             consumer = self._consumer(**self._consumer_options)
             try:
@@ -105,14 +112,19 @@ class OffsetsBesideData:
             finally:
                 consumer.close(autocommit=False)
 
-    def _save_offsets(self, records: Sequence[Any]) -> None:
+    def _save_offsets(self, records: Sequence[Any], wrote: bool = True) -> None:
         """The offsets past `records`, saved once what they hold is written: a crash between the
-        two reads them again, never skips them."""
-        next_offsets: dict[int, int] = {}
+        two reads them again, never skips them. After a batch that wrote nothing (`wrote`
+        False) they are saved only every IDLE_SAVE_EVERY_S, or with the next batch that writes."""
+        next_offsets = self._unsaved
         for record in records:
             next_offsets[record.partition] = max(next_offsets.get(record.partition, 0), record.offset + 1)
-        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
         self.batches += 1
+        now = time.monotonic()
+        if not wrote and now - self._saved_at < IDLE_SAVE_EVERY_S:
+            return
+        self.store.save_offsets(self.consumer_name, self.topic, next_offsets)
+        self._unsaved, self._saved_at = {}, now
 
     def _consumer(self, **extra: Any) -> KafkaConsumer:
         s = self.settings

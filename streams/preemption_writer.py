@@ -47,5 +47,5 @@ class PreemptionWriter(OffsetsBesideData):
         found = preemptions_of(records)
         if found:
             self.store.append_preemptions(found)
-        self._save_offsets(records)
+        self._save_offsets(records, wrote=bool(found))
         return len(found)

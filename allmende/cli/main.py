@@ -19,6 +19,7 @@ from allmende.cli.api_client import call, local_admin_token, local_admin_token_f
 from allmende.cli.budget import apply as budget_apply
 from allmende.cli.budget import balance as budget_balance
 from allmende.cli.budget import budget_app
+from allmende.cli.collect import collect_app
 from allmende.cli.dead_letters import dead_letters_app
 from allmende.cli.fairshare import fairshare
 from allmende.cli.simulate import simulate
@@ -33,6 +34,7 @@ app = typer.Typer(
 kafka_app = typer.Typer(help="The local single-node Kafka broker (KRaft).", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(budget_app, name="budget")
+app.add_typer(collect_app, name="collect")
 app.add_typer(dead_letters_app, name="dead-letters")
 app.command("fairshare")(fairshare)
 app.add_typer(host_app, name="host")

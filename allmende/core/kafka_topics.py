@@ -43,6 +43,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(settings.alerts_topic, 1, keep_forever),
         # The latest fair-share row per node: compacted, so a reader gets the current tree.
         TopicSpec(settings.fairshare_topic, 1, {"cleanup.policy": "compact"}),
+        # GPU samples, keyed by job like the job events and partitioned alike (the meter reads both
+        # for a job in one place); a firehose, so kept for a window, not forever.
+        TopicSpec(
+            settings.gpu_samples_topic,
+            settings.topic_partitions,
+            {"retention.ms": str(settings.gpu_samples_retention_days * 86_400_000)},
+        ),
     ]
 
 

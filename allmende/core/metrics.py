@@ -182,6 +182,22 @@ PROJECT_IDLE_GPU_HOURS = _gauge(
     "allmende_project_idle_gpu_hours", "GPU-hours held at low utilisation in the period", PROJECT_LABELS
 )
 
+# The DCGM collector (`allmende collect dcgm`).
+DCGM_SCRAPES = _counter(
+    "allmende_dcgm_scrapes_total",
+    "Nodes read, by outcome (ok, timeout, unreachable, http-error, unparsable): only ok is read",
+    ["outcome"],
+)
+DCGM_SAMPLES_PUBLISHED = _counter("allmende_dcgm_samples_published_total", "GPU samples published")
+DCGM_PUBLISH_FAILURES = _counter(
+    "allmende_dcgm_publish_failures_total", "Rounds whose samples Kafka did not take (kept, sent again)"
+)
+DCGM_FREE_GPUS = _gauge(
+    "allmende_dcgm_free_gpus", "GPUs with no job on them, idle, at the last read", ["node"]
+)
+DCGM_UNACCOUNTED_GPUS = _gauge(
+    "allmende_dcgm_unaccounted_gpus", "GPUs busy with no job on them (use nobody is charged for)", ["node"]
+)
 
 # Each component's group, registered when the component is built.
 GC = (GC_PAUSE_SECONDS,)
@@ -198,6 +214,7 @@ ADMISSION = (
     ADMISSION_LEADING, ADMISSION_ELECTIONS,
 )  # fmt: skip
 GROUP_COMMIT = (GROUP_COMMIT_SECONDS, GROUP_COMMIT_CALLERS)
+DCGM = (DCGM_SCRAPES, DCGM_SAMPLES_PUBLISHED, DCGM_PUBLISH_FAILURES, DCGM_FREE_GPUS, DCGM_UNACCOUNTED_GPUS)
 ALERTS = (
     BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES,
     CLUSTER_OVER_CAPACITY_GPUS,

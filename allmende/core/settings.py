@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     meter_metrics_port: int = Field(default=9102, ge=0, le=65535)
     writer_metrics_port: int = Field(default=9103, ge=0, le=65535)
+    collector_metrics_port: int = Field(default=9104, ge=0, le=65535)
+
+    # GPU samples (`allmende collect dcgm`): the firehose is kept this long on its topic (what a
+    # replay can rebuild squatting from); the ledger keeps what the meter made of them.
+    gpu_samples_retention_days: int = Field(default=30, ge=1, le=3660)
 
     # Who may do what: admin tokens (comma-separated) may change budgets; `user:token` pairs are
     # project leads, who may read the balances of the projects (and groups) they lead.
@@ -91,6 +96,10 @@ class Settings(BaseSettings):
     # answered 503 and never takes effect; a read waits this long for news, then answers from the
     # last state it has, saying how old that is.
     write_timeout_ms: int = Field(default=250, ge=20, le=60_000)
+    # How long a thread may hold the interpreter before another is let in (CPython's default is
+    # 5 ms). The API's writers and Kafka clients run on threads beside the event loop; each time
+    # the loop wakes for a request it may wait that long for them, several times per request.
+    gil_switch_interval_us: int = Field(default=1000, ge=100, le=100_000)
     read_timeout_ms: int = Field(default=250, ge=10, le=60_000)
 
     # The meter refuses an event whose instant is further ahead of its clock than this (a node's
@@ -214,3 +223,7 @@ class Settings(BaseSettings):
     @property
     def dead_letter_topic(self) -> str:
         return self.topic("dead-letter")
+
+    @property
+    def gpu_samples_topic(self) -> str:
+        return self.topic("gpu-samples")

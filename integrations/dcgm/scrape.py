@@ -51,6 +51,7 @@ class NodeScrape:
     node: str
     gpus: tuple[GpuReading, ...]  # by index
     problems: tuple[str, ...] = ()  # series skipped, and why
+    hostname: str | None = None  # the exporter's own `Hostname` label, where it sets one
 
     def jobs(self) -> dict[str, tuple[GpuReading, ...]]:
         """Each job on the node, with the readings of its GPUs."""
@@ -76,11 +77,19 @@ def parse_scrape(text: str, node: str) -> NodeScrape:
         ]
     except (ValueError, IndexError, KeyError) as exc:  # the parser's ways of saying "not Prometheus text"
         raise ScrapeError(f"node {node}: the scrape is not Prometheus text ({exc})") from exc
+    return readings_of(samples, node)
+
+
+def readings_of(samples: Iterable[tuple[str, dict[str, str], float]], node: str) -> NodeScrape:
+    """A node's GPUs from its series (name, labels, value): a scrape's, or a Prometheus server's
+    answer for the node."""
     gpus: dict[int, _Gpu] = {}
     problems: list[str] = []
+    hostname: str | None = None
     for name, labels, value in samples:
         if not name.startswith("DCGM_FI_"):
             continue
+        hostname = hostname or labels.get("Hostname") or labels.get("hostname")
         index = _index(labels.get("gpu"))
         if index is None:
             problems.append(f"{name}: no GPU index (label gpu={labels.get('gpu')!r}); skipped")
@@ -94,7 +103,7 @@ def parse_scrape(text: str, node: str) -> NodeScrape:
                 continue
             gpu.values[name] = value
     readings = tuple(_reading(index, gpus[index]) for index in sorted(gpus))
-    return NodeScrape(node, readings, tuple(problems))
+    return NodeScrape(node, readings, tuple(problems), hostname)
 
 
 def _index(label: str | None) -> int | None:

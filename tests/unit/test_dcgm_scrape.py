@@ -5,40 +5,18 @@ mapped GPU once per job on it)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 from allmende.integrations.dcgm.scrape import UTILIZATION, ScrapeError, parse_scrape
+from allmende.testing.dcgm_exporter import exporter_text as with_jobs
 
 DCGM = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dcgm"
 L4 = DCGM / "l4-gpu-operator.prom"
 T4 = DCGM / "t4-kubernetes-pod.prom"
-SERIES = re.compile(r"^(?P<name>DCGM_FI_\w+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 pytestmark = pytest.mark.skipif(not L4.exists(), reason="the recorded scrapes are not here")
-
-
-def with_jobs(text: str, jobs: dict[int, list[str]], util: dict[int, float] | None = None) -> str:
-    """The exporter's Slurm mapping applied to `text`: every series of GPU g repeated once per job
-    in jobs[g] with hpc_job added; GPU 0's series copied as GPUs 1.. as `jobs` names them, their
-    utilisation from `util`."""
-    out = []
-    for line in text.splitlines():
-        match = SERIES.match(line)
-        if match is None:
-            out.append(line)
-            continue
-        for gpu in sorted(jobs) or [0]:
-            labels = match["labels"].replace('gpu="0"', f'gpu="{gpu}"')
-            value = match["value"]
-            if util is not None and gpu in util and match["name"] == UTILIZATION:
-                value = str(util[gpu])
-            for job in jobs.get(gpu) or [None]:
-                extra = f',hpc_job="{job}"' if job is not None else ""
-                out.append(f"{match['name']}{{{labels}{extra}}} {value}")
-    return "\n".join(out) + "\n"
 
 
 def test_the_l4_scrape_as_recorded_is_one_idle_unmapped_gpu() -> None:
@@ -58,7 +36,7 @@ def test_the_t4_scrape_maps_its_gpu_to_the_pod_using_it() -> None:
 
 
 def test_hpc_job_labels_map_each_gpu_to_its_jobs_with_its_own_values() -> None:
-    text = with_jobs(L4.read_text(), {0: ["4101", "4102"], 1: ["4200"], 2: []}, util={0: 0, 1: 87, 2: 55})
+    text = with_jobs(L4.read_text(), {0: ["4101", "4102"], 1: ["4200"], 2: []}, utilization={0: 0, 1: 87, 2: 55})
     scrape = parse_scrape(text, "l4-node")
     by_gpu = {g.gpu: g for g in scrape.gpus}
     assert by_gpu[0].jobs == ("4101", "4102") and by_gpu[0].utilization_pct == 0
