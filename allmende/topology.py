@@ -160,8 +160,9 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     alerter = None
     if s.alerts_enabled:  # burn warnings and the per-project gauges, from the pages' figures
         alerter = BurnAlerter(
-            s, dashboard.project_burns, capacity=dashboard.over_capacity, dispute=admin.dispute_over_capacity
-        )
+            s, dashboard.project_burns, capacity=dashboard.over_capacity, dispute=admin.dispute_over_capacity,
+            squatting=dashboard.squatting_now if s.squat_alerts else None,
+        )  # fmt: skip
         await alerter.start()
     loops: list[Coroutine[Any, Any, None]] = [
         # Expire allocations whose period has ended; the events' ids make a repeat harmless.

@@ -55,6 +55,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -519,6 +520,16 @@ def verdict(soak: Soak, logs: dict[str, Path]) -> bool:
         f"admission p99 not worse: {better} ({first.p99_ms:.2f} ms after {first.jobs:,} jobs, "
         f"{last.p99_ms:.2f} ms after {last.jobs:,}; p50 {first.p50_ms:.2f} -> {last.p50_ms:.2f} ms)"
     )
+    if len(checkpoints) >= 3:
+        # One window's p99 wanders with whatever else the machine does: the slope over every
+        # window tells a tail that grows with history from one that only wanders.
+        p99s = [r.p99_ms for r in checkpoints]
+        slope = statistics.linear_regression([r.jobs for r in checkpoints], p99s).slope
+        series = ", ".join(f"{p:.0f}" for p in p99s)
+        say.print(
+            f"admission p99 per window (ms): {series}; trend {slope * 100_000:+.1f} ms per 100,000 jobs "
+            f"(min {min(p99s):.1f}, max {max(p99s):.1f})"
+        )
     window = last.live + args.rate * args.retention
     say.print(
         f"jobs held at the last checkpoint: admission {last.admitted - last.retired_api:,.0f}, meter "

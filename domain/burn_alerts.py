@@ -31,7 +31,13 @@ from fractions import Fraction
 
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_rate import SECONDS_PER_DAY, BurnRate
-from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, CapacityExceeded
+from allmende.schemas.alert_events import (
+    AlertEvent,
+    BurnWarningCleared,
+    BurnWarningRaised,
+    CapacityExceeded,
+    SquattingFlagged,
+)
 
 EARLY_EXHAUSTION = "early-exhaustion"
 BUDGET_SHARE = "budget-share:"
@@ -97,9 +103,16 @@ class BurnAlertState:
     raised: dict[ConditionKey, int] = field(default_factory=dict)
     cleared: dict[ConditionKey, int] = field(default_factory=dict)
     capacity: set[tuple[str, int]] = field(default_factory=set)  # (cluster, start) of episodes raised
+    squats: set[tuple[str, int]] = field(default_factory=set)  # (job, stretch start) flagged, ongoing
 
     def apply(self, event: AlertEvent) -> bool:
         """Fold one event; True when it changed the state (a duplicate does not)."""
+        if isinstance(event, SquattingFlagged):
+            stretch = (event.job_id, event.idle_since)
+            if stretch in self.squats:
+                return False
+            self.squats.add(stretch)
+            return True
         if isinstance(event, CapacityExceeded):
             episode = (event.cluster, event.start)
             if episode in self.capacity:
@@ -122,7 +135,7 @@ class BurnAlertState:
         return self.raised.get(key, 0) > self.cleared.get(key, 0)
 
     def copy(self) -> BurnAlertState:
-        return BurnAlertState(dict(self.raised), dict(self.cleared), set(self.capacity))
+        return BurnAlertState(dict(self.raised), dict(self.cleared), set(self.capacity), set(self.squats))
 
 
 def fold(events: Iterable[AlertEvent]) -> BurnAlertState:

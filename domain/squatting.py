@@ -9,7 +9,7 @@ without evidence).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 FULL_BP = 10_000  # utilisation 1.0 in basis points
@@ -52,6 +52,8 @@ class Squatting:
     gpu_seconds: int  # the job's GPU-seconds so far
     charge_units: int  # the job's charge so far
     ongoing: bool  # the job's latest piece is inside such a stretch
+    # The start of the latest such stretch: what tells one idle stretch from the next (alerts).
+    latest_since: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ def find_squatting(
         charge_units=totals.charge_units,
         # Pieces never overlap: the stretch holds the latest piece when it ends where the job does.
         ongoing=qualifying[-1][-1].end >= totals.last_end,
+        latest_since=qualifying[-1][0].start,
     )
 
 

@@ -1,5 +1,6 @@
-"""Alert events: burn warnings of a project's budget, raised and cleared once per crossing; and a
-cluster that ran more GPUs than it has (`CapacityExceeded`, once per episode).
+"""Alert events: burn warnings of a project's budget, raised and cleared once per crossing; a
+cluster that ran more GPUs than it has (`CapacityExceeded`, once per episode); and a job squatting
+on its GPUs (`SquattingFlagged`, once per idle stretch).
 
 They travel on `<prefix>.alerts` (one partition, kept forever: the burn alerter is its one writer
 and rebuilds from it at start which warnings are active), keyed by the condition
@@ -103,9 +104,46 @@ class CapacityExceeded(BaseModel):
         return self.KEY.format_map(self.__dict__)
 
 
-AlertEvent = Annotated[BurnWarningRaised | BurnWarningCleared | CapacityExceeded, Field(discriminator="type")]
+class SquattingFlagged(BaseModel):
+    """A running job has held its GPUs under the squatting threshold for longer than the grace
+    period (`domain.squatting`): raised once per idle stretch (the job and `idle_since`), to its
+    user and its project's leads through the webhooks. Figures as of `as_of` (the ledger's clock);
+    GPU-seconds exact, charges in charge units."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["SquattingFlagged"] = "SquattingFlagged"
+    event_id: Annotated[str, Field(min_length=1, max_length=400)]  # squat/<job>/<idle_since>
+    schema_version: Literal[1] = 1
+    occurred_at: UnixSeconds
+    actor: Identifier = "squat-watch"
+    job_id: Annotated[str, Field(min_length=1, max_length=200)]
+    project: Identifier
+    user: Annotated[str, Field(max_length=200)]
+    cluster: Annotated[str, Field(max_length=200)]
+    leads: Annotated[list[Identifier], Field(max_length=MAX_LISTED)]
+    gpus: Annotated[int, Field(ge=0, strict=True)]  # held in the idle stretch's latest piece
+    idle_since: UnixSeconds
+    as_of: UnixSeconds
+    idle_gpu_seconds: Annotated[int, Field(ge=0, strict=True)]
+    gpu_seconds: Annotated[int, Field(ge=0, strict=True)]  # the job's so far
+    charge_units: Units  # what the job has cost so far
+    message: Annotated[str, Field(min_length=1, max_length=2000)]
+
+    KEY: ClassVar[str] = "squat/{job_id}"
+
+    @property
+    def key(self) -> str:
+        return self.KEY.format_map(self.__dict__)
+
+
+AlertEvent = Annotated[
+    BurnWarningRaised | BurnWarningCleared | CapacityExceeded | SquattingFlagged, Field(discriminator="type")
+]
 BurnWarning = BurnWarningRaised | BurnWarningCleared
-ALERT_EVENT_TYPES: tuple[type[BaseModel], ...] = (BurnWarningRaised, BurnWarningCleared, CapacityExceeded)
+ALERT_EVENT_TYPES: tuple[type[BaseModel], ...] = (
+    BurnWarningRaised, BurnWarningCleared, CapacityExceeded, SquattingFlagged,
+)  # fmt: skip
 _adapter: TypeAdapter[AlertEvent] = TypeAdapter(AlertEvent)
 
 

@@ -61,10 +61,12 @@ from allmende.core.settings import Settings
 from allmende.domain.admission import gpu_hours
 from allmende.domain.burn_alerts import BurnAlertState, ProjectBurn, Thresholds, evaluate
 from allmende.domain.capacity import Found, capacity_alerts
+from allmende.domain.squat_alerts import SquatFound, keep_ongoing, squat_alerts
 from allmende.schemas.alert_events import (
     AlertEvent,
     BurnWarningRaised,
     CapacityExceeded,
+    SquattingFlagged,
     encode_alert_event,
     parse_alert_event,
 )
@@ -76,6 +78,8 @@ log = structlog.get_logger(__name__)
 Source = Callable[[], Sequence[ProjectBurn]]
 # Clusters run above their capacity, each with the runs on it then (services/capacity_queries.py).
 CapacitySource = Callable[[], Sequence[Found]]
+# The jobs squatting now, and the ledger's clock they are judged at (services/api/dashboard_views.py).
+SquatSource = Callable[[], tuple[Sequence[SquatFound], int]]
 
 WEBHOOK_TIMEOUT_S = 5.0
 WEBHOOK_ATTEMPTS = 4
@@ -94,6 +98,13 @@ def slack_body(event: AlertEvent) -> dict[str, Any]:
             f"projects: {', '.join(event.projects) or 'none'}"
         )
         return _body(":rotating_light:", event.message, figures)
+    if isinstance(event, SquattingFlagged):
+        figures = (
+            f"`{event.job_id}` · {event.project} · user {event.user or '?'} · leads "
+            f"{', '.join(event.leads) or 'none'} · {event.gpus} GPUs idle since <!date^{event.idle_since}"
+            f"^{{date_short_pretty}} {{time}}|{event.idle_since}>"
+        )
+        return _body(":zzz:", event.message, figures)
     raised = isinstance(event, BurnWarningRaised)
     figures = (
         f"`{event.project}` · {event.period} · {event.condition} · allocated "
@@ -123,6 +134,7 @@ class BurnAlerter:
         *,
         capacity: CapacitySource | None = None,
         dispute: Callable[[Sequence[Found]], object] | None = None,
+        squatting: SquatSource | None = None,
         clock: Callable[[], float] = time.time,
         metrics: ProjectMetrics | None = None,
         webhook_attempts: int = WEBHOOK_ATTEMPTS,
@@ -134,6 +146,7 @@ class BurnAlerter:
         self.source = source
         self.capacity = capacity
         self.dispute = dispute  # holds the runs that pushed a cluster over as disputed usage
+        self.squatting = squatting
         # Published by this alerter but not yet posted: a publication that failed may have reached
         # the topic all the same, and the next round then finds it there instead of emitting it
         # again; it is posted when folded (what another alerter published it posts itself).
@@ -255,6 +268,8 @@ class BurnAlerter:
             events: list[AlertEvent] = list(evaluate(burns, self.thresholds, self.state, now))
             if self.capacity is not None:
                 events += self._capacity_round(self.capacity, now)
+            if self.squatting is not None:
+                events += self._squat_round(self.squatting, now)
             if not events:
                 return []
             self._unposted.update((e.event_id, e) for e in events)
@@ -263,7 +278,12 @@ class BurnAlerter:
                 self._unposted.pop(event.event_id, None)
                 self.state.apply(event)
                 BURN_ALERTS_PUBLISHED.labels(event.type).inc()
-                if isinstance(event, CapacityExceeded):
+                if isinstance(event, SquattingFlagged):
+                    log.warning(
+                        "squatting_flagged", event_id=event.event_id, job_id=event.job_id,
+                        project=event.project, user=event.user, gpus=event.gpus, idle_since=event.idle_since,
+                    )  # fmt: skip
+                elif isinstance(event, CapacityExceeded):
                     log.warning(
                         "capacity_exceeded", event_id=event.event_id, cluster=event.cluster,
                         peak_gpus=event.peak_gpus, capacity_gpus=event.capacity_gpus, jobs=event.jobs,
@@ -293,6 +313,17 @@ class BurnAlerter:
             log.warning("capacity_check_failed", error=repr(exc))
             return []
         return list(capacity_alerts(found, self.state.capacity, now))
+
+    def _squat_round(self, source: SquatSource, now: int) -> list[AlertEvent]:
+        """Jobs squatting now and not yet told (once per idle stretch). Its failure (ClickHouse
+        away) is logged and leaves the other alerts alone."""
+        try:
+            found, as_of = source()
+        except Exception as exc:
+            log.warning("squat_check_failed", error=repr(exc))
+            return []
+        keep_ongoing(self.state.squats, found)  # what ended is never asked about again
+        return list(squat_alerts(found, self.state.squats, now, as_of))
 
     def _gauge_capacity(self, found: Sequence[Found]) -> None:
         worst: dict[str, int] = {}

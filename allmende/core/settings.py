@@ -31,7 +31,9 @@ class Settings(BaseSettings):
 
     # Ledger writer batching: flush at this many records or after this many milliseconds.
     writer_batch_max: int = Field(default=20_000, ge=1)
-    writer_batch_wait_ms: int = Field(default=200, ge=1)
+    # Each batch is an insert, a part ClickHouse merges later, in the API's process when embedded:
+    # a second between inserts keeps the merges, and the admission tail they cause, small.
+    writer_batch_wait_ms: int = Field(default=1000, ge=1)
     writer_enabled: bool = True
     writer_group: str = "allmende-ledger-writer"
     # "assign": one writer takes all partitions (embedded chDB). "group": writers share the
@@ -145,6 +147,9 @@ class Settings(BaseSettings):
     # ... and its GPUs go first to a job that needs them (a preemption victim whatever its class,
     # after jobs on unhealthy hosts; never a time-slice or interactive job): domain/preemption.py.
     squat_reclaim: bool = True
+    # ... and the burn alerter tells its user and project leads, once per idle stretch, through the
+    # alert webhooks (`SquattingFlagged` on `<prefix>.alerts`).
+    squat_alerts: bool = True
 
     # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
     # and a POST of a Slack-compatible body to each webhook URL (comma-separated).

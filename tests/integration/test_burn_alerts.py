@@ -7,6 +7,7 @@ import asyncio
 import http.server
 import threading
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,12 @@ from prometheus_client import REGISTRY
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
 from allmende.core.kafka_topics import ensure_topics, topic_specs
 from allmende.core.settings import Settings
+from allmende.domain.admission import UNITS_PER_GPU_HOUR
 from allmende.domain.burn_alerts import EARLY_EXHAUSTION, ProjectBurn
 from allmende.domain.squatting import IDLE_UNITS_PER_GPU_SECOND
 from allmende.schemas.alert_events import AlertEvent, BurnWarningCleared, BurnWarningRaised, parse_alert_event
 from allmende.services.burn_alerts import BurnAlerter, slack_body
-from allmende.testing.budget_harness import ADMIN, ok, plan_text, running_api
+from allmende.testing.budget_harness import ADMIN, ALICE, ok, plan_text, running_api
 from allmende.testing.harness import wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all, _run
 from tests.unit.test_burn_alerts import FAST, QUIET, burn_of
@@ -302,3 +304,43 @@ def test_a_warning_published_by_a_round_that_failed_is_still_posted_once(
         alerter.close()
     [event] = on_topic(s)
     assert webhook.bodies == [orjson.loads(orjson.dumps(slack_body(event)))]  # ...but posted, once
+
+
+def test_a_job_squatting_now_is_told_to_its_user_and_leads_once_and_its_busy_neighbour_is_not(
+    settings: Settings, webhook: Webhook, tmp_path: Path
+) -> None:
+    from allmende.schemas.alert_events import SquattingFlagged
+    from allmende.schemas.events import JobFinished
+    from tests.integration.test_dashboard import _job
+
+    s = settings.model_copy(update={"alert_webhook_urls": webhook.url, "alert_check_s": 0.2})
+    start = Q1_2027 + DAY
+    # Both still running (no JobFinished): one idle for 40 minutes at 1 %, one busy beside it.
+    running = [
+        e
+        for e in (
+            *_job("parked", "olmo-ft", start, [0.01] * 4, gpus=8, user="squatter"),
+            *_job("busy", "olmo-ft", start, [0.9] * 4, gpus=8, user="bea"),
+        )
+        if not isinstance(e, JobFinished)
+    ]
+    with running_api(s, start) as (api, clock):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        _meter_all(s, running, tmp_path / "logs", api.app.state.store)  # type: ignore[attr-defined]
+        clock.now = start + 3600
+
+        def flagged() -> list[AlertEvent] | None:
+            found = [e for e in on_topic(s) if isinstance(e, SquattingFlagged)]
+            return found or None
+
+        (event,) = wait_until(flagged, 30, "the squatting job flagged")
+        page = ok(api.get("/v1/dashboard/projects/olmo-ft/squatting", headers=ALICE))["rows"]
+        again = api.app.state.alerter.check_once()  # type: ignore[attr-defined]
+    assert isinstance(event, SquattingFlagged)
+    assert (event.job_id, event.user, event.project, event.gpus) == ("parked", "squatter", "olmo-ft", 8)
+    assert event.leads == ["alice", "dana"]  # the project's lead and the institute's above it
+    assert event.idle_since == start and event.gpu_seconds == 8 * 40 * 60 == event.idle_gpu_seconds
+    assert [r["job_id"] for r in page] == ["parked"]  # the page and the alert agree
+    assert Decimal(page[0]["charged_gpu_hours"]) == Decimal(event.charge_units) / UNITS_PER_GPU_HOUR
+    assert again == [] and [b["text"] for b in webhook.bodies] == [event.message]
+    assert "squatter" in event.message and "alice, dana" in event.message and "8 GPUs" in event.message

@@ -36,7 +36,8 @@ def test_the_t4_scrape_maps_its_gpu_to_the_pod_using_it() -> None:
 
 
 def test_hpc_job_labels_map_each_gpu_to_its_jobs_with_its_own_values() -> None:
-    text = with_jobs(L4.read_text(), {0: ["4101", "4102"], 1: ["4200"], 2: []}, utilization={0: 0, 1: 87, 2: 55})
+    jobs: dict[int, list[str]] = {0: ["4101", "4102"], 1: ["4200"], 2: []}
+    text = with_jobs(L4.read_text(), jobs, utilization={0: 0, 1: 87, 2: 55})
     scrape = parse_scrape(text, "l4-node")
     by_gpu = {g.gpu: g for g in scrape.gpus}
     assert by_gpu[0].jobs == ("4101", "4102") and by_gpu[0].utilization_pct == 0
