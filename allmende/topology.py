@@ -33,7 +33,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from allmende.core.clickhouse import Database
 from allmende.core.dead_letters import RefusedLetters
-from allmende.core.gc_pauses import freeze_long_lived
+from allmende.core.gc_pauses import freeze_long_lived, thaw_and_collect
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.logs import configure_logging
@@ -84,6 +84,11 @@ def with_roles(settings: Settings, roles: set[str]) -> Settings:
     if unknown:
         raise ValueError(f"unknown roles {sorted(unknown)}; known: {', '.join([*API_ROLES, READS_ONLY])}")
     return settings.model_copy(update={flag: role in roles for role, flag in API_ROLES.items()})
+
+
+async def _thaw() -> None:
+    found = thaw_and_collect()  # on the loop: a full collection holds the interpreter wherever it runs
+    log.info("gc_thawed", unreachable=found)
 
 
 async def _every(every_s: float, what: str, work: Callable[[], Awaitable[object]]) -> None:
@@ -169,6 +174,8 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         _every(s.expiry_check_s, "expiry", lambda: run_in_threadpool(admin.expire_due)),
         # Keep the admin state the dashboards read caught up with the log.
         _every(ADMIN_FOLLOW_S, "admin_follow", lambda: run_in_threadpool(admin_log.read_state)),
+        # Collect what the frozen generation holds in dead cycles (allmende/core/gc_pauses.py).
+        _every(s.gc_thaw_every_s, "gc_thaw", _thaw),
     ]
     if admission is not None:
         # Often, so releases come in small batches instead of one burst that would stall the

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     # 5 ms). The API's writers and Kafka clients run on threads beside the event loop; each time
     # the loop wakes for a request it may wait that long for them, several times per request.
     gil_switch_interval_us: int = Field(default=1000, ge=100, le=100_000)
+    # The API freezes the survivors of each full collection (allmende/core/gc_pauses.py); this
+    # often it unfreezes and collects once in full, so dead cycles frozen meanwhile are freed.
+    gc_thaw_every_s: float = Field(default=600.0, ge=1.0)
     read_timeout_ms: int = Field(default=250, ge=10, le=60_000)
 
     # The meter refuses an event whose instant is further ahead of its clock than this (a node's

@@ -341,6 +341,7 @@ def test_a_job_squatting_now_is_told_to_its_user_and_leads_once_and_its_busy_nei
     assert event.leads == ["alice", "dana"]  # the project's lead and the institute's above it
     assert event.idle_since == start and event.gpu_seconds == 8 * 40 * 60 == event.idle_gpu_seconds
     assert [r["job_id"] for r in page] == ["parked"]  # the page and the alert agree
-    assert Decimal(page[0]["charged_gpu_hours"]) == Decimal(event.charge_units) / UNITS_PER_GPU_HOUR
+    charged = (Decimal(event.charge_units) / UNITS_PER_GPU_HOUR).quantize(Decimal("0.000000001"))
+    assert Decimal(page[0]["charged_gpu_hours"]) == charged
     assert again == [] and [b["text"] for b in webhook.bodies] == [event.message]
     assert "squatter" in event.message and "alice, dana" in event.message and "8 GPUs" in event.message
