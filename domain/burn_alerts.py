@@ -108,17 +108,9 @@ class BurnAlertState:
     def apply(self, event: AlertEvent) -> bool:
         """Fold one event; True when it changed the state (a duplicate does not)."""
         if isinstance(event, SquattingFlagged):
-            stretch = (event.job_id, event.idle_since)
-            if stretch in self.squats:
-                return False
-            self.squats.add(stretch)
-            return True
+            return _added(self.squats, (event.job_id, event.idle_since))
         if isinstance(event, CapacityExceeded):
-            episode = (event.cluster, event.start)
-            if episode in self.capacity:
-                return False
-            self.capacity.add(episode)
-            return True
+            return _added(self.capacity, (event.cluster, event.start))
         key = (event.project, event.period, event.condition)
         seen = self.raised if isinstance(event, BurnWarningRaised) else self.cleared
         if seen.get(key, 0) >= event.crossing:
@@ -136,6 +128,14 @@ class BurnAlertState:
 
     def copy(self) -> BurnAlertState:
         return BurnAlertState(dict(self.raised), dict(self.cleared), set(self.capacity), set(self.squats))
+
+
+def _added(seen: set[tuple[str, int]], key: tuple[str, int]) -> bool:
+    """Add `key`; True when it was not there yet."""
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
 
 
 def fold(events: Iterable[AlertEvent]) -> BurnAlertState:
