@@ -48,6 +48,15 @@ def exporter_text(
     return "\n".join(out) + "\n"
 
 
+def respond(handler: BaseHTTPRequestHandler, body: bytes, content_type: str = "text/plain") -> None:
+    """Answer 200 with `body` (for this stand-in and the tests' other small servers)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def read_mapping(directory: Path, gpus: int) -> dict[int, list[str]]:
     """The exporter's reading of `--hpc-job-mapping-dir`: a file per GPU index, a job id per line;
     a GPU without a file has no job."""
@@ -92,13 +101,8 @@ class ExporterStandIn:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return
-                body = stand_in.text().encode()
                 stand_in.scrapes += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                respond(self, stand_in.text().encode(), "text/plain; version=0.0.4")
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -104,7 +104,7 @@ class DashboardViews:
         self.admission = admission
         self.fairshare = fairshare
         # (project, period start, period end) -> (the store's idle version, the squatting rows)
-        self._squatting: dict[tuple[str, int, int], tuple[int, list[m.SquattingRow]]] = {}
+        self._squatting: dict[tuple[str, int, int], tuple[int, list[tuple[JobPieces, Squatting]]]] = {}
 
     def state(self) -> AdminState:
         """The admin state as last caught up: the pages read it without a round trip to Kafka per
@@ -269,17 +269,7 @@ class DashboardViews:
 
     def squatting(self, project: str, period: Period) -> m.SquattingOut:
         rule = self.squat_rule
-        # The rows depend on the project's idle jobs alone: kept until a posting reaches one of
-        # them (the store's idle version; with other writers, no version and no keeping).
-        version = self.admin.store.idle_version(project)
-        key = (project, period.start, period.end)
-        kept = self._squatting.get(key)
-        if version is not None and kept is not None and kept[0] == version:
-            rows = kept[1]
-        else:
-            rows = self._squatting_rows(project, period)
-            if version is not None:
-                self._squatting[key] = (version, rows)
+        rows = self._squatting_rows(project, period)
         return m.SquattingOut(
             **period.meta(),
             project=project,
@@ -289,7 +279,14 @@ class DashboardViews:
         )
 
     def _squatting_of(self, project: str, period: Period) -> list[tuple[JobPieces, Squatting]]:
-        """The project's jobs `find_squatting` flags, with their pieces."""
+        """The project's jobs `find_squatting` flags, with their pieces. They depend on the
+        project's idle jobs alone: kept until a posting reaches one of them (the store's idle
+        version; with other writers, no version and no keeping), for the page and the alerter."""
+        version = self.admin.store.idle_version(project)
+        key = (project, period.start, period.end)
+        kept = self._squatting.get(key)
+        if version is not None and kept is not None and kept[0] == version:
+            return kept[1]
         rule = self.squat_rule
         found = []
         for job in self.queries.low_utilization_jobs(
@@ -298,6 +295,8 @@ class DashboardViews:
             squat = find_squatting(job.job_id, job.pieces, rule, job.totals)
             if squat is not None:
                 found.append((job, squat))
+        if version is not None:
+            self._squatting[key] = (version, found)
         return found
 
     def _squatting_rows(self, project: str, period: Period) -> list[m.SquattingRow]:
@@ -375,13 +374,19 @@ class DashboardViews:
         period = self.period(state, None, None)
         found = []
         for project in state.projects():
-            leads = tuple(sorted(state.leads_of(project)))
-            for job, squat in self._squatting_of(project, period):
-                # Idle to its latest piece, and that piece recent: a job idle until it ended
-                # long ago is on the page, not news.
-                if squat.ongoing and clock - squat.idle_until <= SQUAT_NEWS_S:
-                    gpus = latest_gpus(job.pieces)
-                    found.append(SquatFound(project, job.user, job.cluster, leads, gpus, squat))
+            # Idle to its latest piece, and that piece recent: a job idle until it ended long
+            # ago is on the page, not news.
+            news = [
+                (job, squat)
+                for job, squat in self._squatting_of(project, period)
+                if squat.ongoing and clock - squat.idle_until <= SQUAT_NEWS_S
+            ]
+            if news:
+                leads = tuple(sorted(state.leads_of(project)))
+                found += [
+                    SquatFound(project, job.user, job.cluster, leads, latest_gpus(job.pieces), squat)
+                    for job, squat in news
+                ]
         return found, clock
 
     def cluster_utilization(self, state: AdminState, period: Period) -> m.ClusterUtilizationOut:

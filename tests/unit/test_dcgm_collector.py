@@ -19,7 +19,7 @@ from allmende.core.kafka_local import free_port
 from allmende.integrations.dcgm.collector import Collector, Target
 from allmende.integrations.dcgm.scrape import parse_scrape
 from allmende.schemas.gpu_samples import GpuSamples, parse_gpu_samples
-from allmende.testing.dcgm_exporter import ExporterStandIn
+from allmende.testing.dcgm_exporter import ExporterStandIn, respond
 
 DCGM = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dcgm"
 L4 = DCGM / "l4-gpu-operator.prom"
@@ -44,10 +44,7 @@ class _Broken(BaseHTTPRequestHandler):
             self.send_error(500, "exporter failed")
             return
         body = b'DCGM_FI_DEV_GPU_UTIL{gpu="0" 0\n'  # a label set never closed
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        respond(self, body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -174,11 +171,7 @@ class _Prometheus(BaseHTTPRequestHandler):
         families = text_string_to_metric_families(self.exporter_text)
         result = [_series(s.name, s.labels, s.value) for f in families for s in f.samples if s.name == query]
         body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        respond(self, body, "application/json")
 
     def log_message(self, *args: object) -> None:
         pass
