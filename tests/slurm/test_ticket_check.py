@@ -92,6 +92,12 @@ def _ticket(job_id: str = "slurm-slurm-h100-1-ab", key: str = KEY, **changes: An
     return admission_tickets.issue(ticket, key.encode())
 
 
+def _tampered(ticket: str) -> str:
+    """The ticket with its signature's last two characters changed (never to what they were)."""
+    tail = "00" if ticket[-2:] != "00" else "11"
+    return ticket[:-2] + tail
+
+
 def _job(ticket: str | None = None, **fields: Any) -> dict[str, Any]:
     job = {
         "account": "rich", "partition": "gpu", "qos": "normal", "tres_per_node": "gres:gpu:h100:2",
@@ -120,7 +126,7 @@ def test_a_valid_ticket_admits_the_job_under_its_id_and_the_comment_is_the_users
     [
         (lambda: None, {}, "submitted without an admission"),
         (lambda: _ticket(key="another key"), {}, "signature is wrong"),
-        (lambda: _ticket()[:-2] + "00", {}, "signature is wrong"),
+        (lambda: _tampered(_ticket()), {}, "signature is wrong"),
         (lambda: _ticket(ttl=-120), {}, "expired"),
         (lambda: _ticket(dry_run=True), {}, "from a dry run"),
         (_ticket, {"tres_per_node": "gres:gpu:h100:8"}, "for gpus 2, the job asks for 8"),
