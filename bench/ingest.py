@@ -10,6 +10,7 @@ the end-to-end run it prints how much CPU other processes took meanwhile (from /
 this process, its children, the meter worker and the local broker).
 
     .venv/bin/python bench/ingest.py [--cluster cluster02] [--sample-every 600] [--loop uvloop]
+    .venv/bin/python bench/ingest.py --batch 8 [--jobs 2000] [--rounds 60]   # GPU samples (issue 24)
 
 Uses KAFKA_BOOTSTRAP_SERVERS if set, else starts a local broker in a temporary directory.
 """
@@ -118,6 +119,13 @@ def main() -> None:
         "--loop", choices=("uvloop", "aio"), default=os.environ.get("ALLMENDE_METER_LOOP", "uvloop"),
         help="event loop of the meter worker and of the counting agent (ALLMENDE_METER_LOOP)",
     )  # fmt: skip
+    parser.add_argument(
+        "--batch", type=int, default=0,
+        help="time GPU samples instead (issue 24): N GPUs per record beside one per record",
+    )  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=2000, help="with --batch: jobs (one node each)")
+    parser.add_argument("--rounds", type=int, default=60, help="with --batch: scrapes per node")
+    parser.add_argument("--gpus", type=int, default=8, help="with --batch: GPUs per node")
     args = parser.parse_args()
     os.environ["ALLMENDE_METER_LOOP"] = args.loop  # the meter worker's environment is this one's
 
@@ -128,6 +136,21 @@ def main() -> None:
 
         broker = LocalBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-")), free_port(), free_port())
         bootstrap = broker.start()
+    if args.batch:
+        import ingest_samples  # bench/: beside this script
+
+        broker_pid = broker.running_pid() if broker is not None else None
+
+        class Watch(CpuWatch):  # the broker is the bench's too
+            def __init__(self, pids: list[int | None]) -> None:
+                super().__init__([broker_pid, *pids])
+
+        try:
+            ingest_samples.main(args, bootstrap, TRACE, Watch)
+        finally:
+            if broker is not None:
+                broker.stop()
+        return
     tag = f"bench{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     settings = Settings(

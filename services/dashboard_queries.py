@@ -18,6 +18,7 @@ import numpy as np
 
 from allmende.core.clickhouse import Database
 from allmende.core.ledger_store import LOW_UTILIZATION_CAP_BP
+from allmende.domain.gpu_utilisation import job_pieces
 from allmende.domain.squatting import JobTotals, UsagePiece
 
 _DIMENSIONS = {"cluster", "gpu_type", "user", "priority_class"}
@@ -87,6 +88,25 @@ def contiguous_runs(
     return dict(runs)
 
 
+def merged_runs(pieces: Sequence[UsagePiece], max_utilization_bp: int) -> list[UsagePiece]:
+    """Sorted pieces with every run of consecutive ones on the same GPUs and side of the threshold
+    merged (as `contiguous_runs`, for a job's measured pieces)."""
+    runs: list[UsagePiece] = []
+    for p in pieces:
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and last.end == p.start
+            and last.gpus == p.gpus
+            and (last.utilization_bp < max_utilization_bp) == (p.utilization_bp < max_utilization_bp)
+        ):
+            bp = max(last.utilization_bp, p.utilization_bp)
+            runs[-1] = UsagePiece(last.start, p.end, p.gpus, bp, last.charge_units + p.charge_units)
+        else:
+            runs.append(p)
+    return runs
+
+
 class DashboardQueries:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -135,7 +155,10 @@ class DashboardQueries:
             "   WHERE project = {p:String} AND piece_end > piece_start AND gpu_seconds != 0"
             " UNION ALL SELECT 1, job_id, '', '', 0, last_end, 0, gpu_seconds, charge_units"
             "   FROM {db}.job_totals FINAL WHERE project = {p:String}"
-            "   AND job_id IN (SELECT job_id FROM {db}.low_pieces WHERE project = {p:String}))",
+            "   AND job_id IN (SELECT job_id FROM {db}.low_pieces WHERE project = {p:String}"
+            "     UNION DISTINCT SELECT job_id FROM {db}.gpu_utilisation WHERE project = {p:String})"
+            " UNION ALL SELECT 2, job_id, toString(user), toString(cluster), piece_start, piece_end,"
+            "   utilization_bp, gpus, 0 FROM {db}.gpu_utilisation FINAL WHERE project = {p:String})",
             {"p": project},
         )
         if not columns or not columns[0]:
@@ -143,6 +166,7 @@ class DashboardQueries:
         k, job_ids, users, clusters, starts, ends, bps, secs, charges = columns
         piece = [x == 0 for x in k]
         total = [x == 1 for x in k]
+        sampled = [x == 2 for x in k]
 
         def of(column: Sequence[Any], which: list[bool]) -> list[Any]:
             return list(compress(column, which))
@@ -159,6 +183,16 @@ class DashboardQueries:
             )
         }
         who = dict(zip(jobs_of, zip(of(users, piece), of(clusters, piece), strict=True), strict=True))
+        # A job the GPUs' own samples judge is judged by them alone (domain/gpu_utilisation.py).
+        measured: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
+        for j, user, cluster, a, b, bp, gpus in zip(
+            of(job_ids, sampled), of(users, sampled), of(clusters, sampled), of(starts, sampled),
+            of(ends, sampled), of(bps, sampled), of(secs, sampled), strict=True,
+        ):  # fmt: skip
+            measured[j].append((a, b, gpus, bp))
+            who[j] = (user, cluster)
+        for j, rows in measured.items():
+            runs[j] = merged_runs(job_pieces(rows, totals.get(j, JobTotals(0, 0, 0))), max_utilization_bp)
         jobs = sorted(
             job
             for job, pieces in runs.items()

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import orjson
 import structlog
 from kafka import KafkaProducer
 from kafka.producer.future import FutureRecordMetadata
@@ -41,6 +42,7 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.charging import PolicyTimeline, flat_policy
+from allmende.domain.gpu_utilisation import UtilisationRow, decode_rows
 from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.ledger import LedgerEntry, decode_entries, retired_job
@@ -158,6 +160,7 @@ class LedgerWriter(OffsetsBesideData):
     ) -> BatchResult:
         """Post (partition, offset, key, value) records; returns counts. Offsets not saved here."""
         entries: list[LedgerEntry] = []
+        utilisation: list[UtilisationRow] = []
         refused = 0
         retired: list[str] = []
         for partition, offset, key, value in records:
@@ -168,7 +171,10 @@ class LedgerWriter(OffsetsBesideData):
             # Whatever a record holds, it is refused here or posts below: nothing it holds may
             # raise out of the batch (the loop would retry the same batch for ever).
             try:
-                entries.extend(postable_entries(value))
+                if value is not None and value[:1] == b"{":  # entries are arrays; rows an object
+                    utilisation.extend(decode_rows(orjson.loads(value)))
+                else:
+                    entries.extend(postable_entries(value))
                 continue
             except (ValueError, TypeError) as exc:
                 reason = f"not a ledger entry: {exc}"
@@ -192,6 +198,7 @@ class LedgerWriter(OffsetsBesideData):
         current = self._cache.current(e.job_id for e in newest.values())
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
+        self.store.append_utilisation(utilisation)
         self._cache.accept(accepted.values())
         self._cache.forget(retired)  # after `accept`: the job's last entries may share the batch
         WRITER_ENTRIES_READ.inc(len(records))

@@ -1,4 +1,6 @@
-"""The metering worker: a faust app that turns job events into ledger entries.
+"""The metering worker: a faust app that turns job events into ledger entries, and GPU samples
+into utilisation rows (docs/dcgm.md: idle rows attributed from the job's submission, held in its
+state until it comes; never a charge).
 
 Run it with `allmende worker` (any number of processes; they share the partitions). Faust's
 guarantee is at least once, so nothing here relies on exactly-once: the per-job meter state is
@@ -33,6 +35,7 @@ from collections.abc import AsyncIterable, Awaitable, Collection
 from typing import Any, NoReturn
 
 import faust
+import orjson
 import structlog
 from aiokafka.errors import KafkaTimeoutError
 from faust.exceptions import ProducerSendError
@@ -43,6 +46,7 @@ from allmende.core.metrics import (
     METER,
     METER_DEAD_LETTERS,
     METER_EVENTS,
+    METER_GPU_SAMPLES,
     METER_LAG_RECORDS,
     METER_LATE_EVENTS,
     METER_RETIRED_JOBS,
@@ -50,11 +54,13 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.admin_state import DISPUTED, AdminState
+from allmende.domain.gpu_utilisation import UtilisationRow, encode_rows, row_of
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
 from allmende.domain.usage_checks import ImpossibleUsage, PlanView, check_event
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import ContractError, JobEvent, JobSubmitted, parse_job_event
+from allmende.schemas.gpu_samples import parse_gpu_samples
 from allmende.schemas.ledger import LedgerEntry, encode_entries, encode_retired
 from allmende.streams.admin_log import AdminLog
 
@@ -355,6 +361,16 @@ def create_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         partitions=settings.topic_partitions,
     )
+    # One agent reads the job events and the GPU samples (issue 24): both keyed by job id with
+    # the same partitions, so a job's samples reach the worker holding its state, and a batch's
+    # JobSubmitted attributes the samples beside it.
+    job_records = app.topic(
+        settings.job_events_topic,
+        settings.gpu_samples_topic,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.topic_partitions,
+    )
     ledger_entries = app.topic(
         settings.ledger_entries_topic,
         key_serializer="raw",
@@ -466,7 +482,57 @@ def create_app(settings: Settings) -> faust.App:
         emitted.extend(state.dispute(in_force.dispute_stage(job_id)))
         return state, emitted
 
-    @app.agent(job_events)
+    def sample_row(out: _Deliveries, event: EventT[bytes]) -> UtilisationRow | None:
+        """The utilisation row a GPU sample record makes (None: busy, no job, or dead-lettered)."""
+        message = event.message
+        try:
+            if message.value is None:
+                raise ContractError("no value (a tombstone), not a GPU sample record")
+            record = parse_gpu_samples(message.value)
+            if message.key is not None and message.key != record.key:
+                raise ContractError(f"key {message.key[:100]!r} is not the record's {record.key!r}")
+        except ContractError as exc:
+            refuse(out, event, exc.reason, "contract")
+            return None
+        except Exception as exc:  # a record no rule foresaw: refused with what it raised
+            refuse(out, event, f"unexpected {type(exc).__name__}: {exc}", "unexpected")
+            return None
+        row = row_of(record)
+        if row is None:
+            METER_GPU_SAMPLES.labels("no-job" if record.job_id is None else "busy").inc()
+        return row
+
+    def sampled(
+        out: _Deliveries,
+        state: JobMeter,
+        items: list[tuple[EventT[bytes], UtilisationRow]],
+        horizon: int | None,
+    ) -> list[UtilisationRow]:
+        """The rows to emit for the job's samples (and for those it held, once attributed);
+        those it cannot attribute yet are held in `state`."""
+        attribution = state.attribution()
+        rows: list[list[Any]] = []
+        for event, row in items:
+            unknown = attribution is None and not state.boundaries and not state.pending_samples
+            if unknown and horizon is not None and row.end <= horizon:
+                METER_LATE_EVENTS.inc()
+                refuse(out, event, _late(state.job_id, row.end, horizon), "retired")
+                continue
+            rows.append(list(row))
+        if attribution is None:
+            given_way = state.hold_samples(rows)
+            METER_GPU_SAMPLES.labels("held").inc(len(rows))
+            if given_way:
+                METER_GPU_SAMPLES.labels("given-way").inc(len(given_way))
+                log.warning("gpu_samples_given_way", job=state.job_id, rows=len(given_way),
+                            why="held too long without the job's JobSubmitted")  # fmt: skip
+            return []
+        held, state.pending_samples = state.pending_samples, []
+        found = [UtilisationRow(*r).attributed(*attribution) for r in held + rows]
+        METER_GPU_SAMPLES.labels("idle").inc(len(rows))
+        return found
+
+    @app.agent(job_records)
     async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
         changelog_known = False
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
@@ -489,8 +555,14 @@ def create_app(settings: Settings) -> faust.App:
         if not retirement.indexed:
             retirement.index(meters)
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
+        samples: dict[str, list[tuple[EventT[bytes], UtilisationRow]]] = defaultdict(list)
         latest: dict[int, int] = {}  # per partition: the clocks move once the batch is judged by them
         for event in batch:
+            if event.message.topic == gpu_samples_topic:
+                row = sample_row(out, event)
+                if row is not None:
+                    samples[row.job_id].append((event, row))
+                continue
             parsed = parsed_or_refused(out, event)
             if parsed is not None:
                 by_job[parsed.job_id].append((event, parsed))
@@ -498,18 +570,28 @@ def create_app(settings: Settings) -> faust.App:
                 at, partition = parsed.occurred_at, event.message.partition
                 if not isinstance(parsed, JobSubmitted) and at <= now + settings.clock_skew_s:
                     latest[partition] = max(latest.get(partition, at), at)
-        for job_id, items in by_job.items():
+        for job_id in by_job.keys() | samples.keys():
             key = job_id.encode()
             raw = meters.get(key)
-            partition = items[0][0].message.partition
+            items, sample_items = by_job.get(job_id, []), samples.get(job_id, [])
+            partition = (items or sample_items)[0][0].message.partition
             horizon = retirement.horizon(partition)
-            state, emitted = metered(out, job_id, raw, items, in_force, now, horizon)
-            if raw is None and not state.boundaries and state.submitted is None:
-                continue  # every event refused: nothing to keep
-            raw = state.to_bytes()
-            meters[key] = raw
-            decoded.put(job_id, raw, state)
+            if items:
+                state, emitted = metered(out, job_id, raw, items, in_force, now, horizon)
+            else:
+                state, emitted = decoded.get(job_id, raw), []
+            held = len(state.pending_samples)
+            rows = sampled(out, state, sample_items, horizon) if sample_items or held else []
+            if raw is None and not state.boundaries and state.submitted is None and not state.pending_samples:
+                continue  # every record refused: nothing to keep
+            if items or held or state.pending_samples:  # what the table holds changed
+                raw = state.to_bytes()
+                meters[key] = raw
+            if raw is not None:  # always, past the `continue` above
+                decoded.put(job_id, raw, state)
             emit(out, key, emitted)
+            if rows:
+                out.send(ledger_entries_topic, key, orjson.dumps(encode_rows(rows)))
             retirement.follow(partition, job_id, state)
             METER_EVENTS.inc(len(items))
         for partition, at in latest.items():
@@ -546,6 +628,10 @@ def create_app(settings: Settings) -> faust.App:
                     retirement.follow(partition, job_id, state)
                     continue
                 del meters[key]
+                if state.pending_samples:  # samples of a job whose submission never came
+                    METER_GPU_SAMPLES.labels("given-way").inc(len(state.pending_samples))
+                    log.warning("gpu_samples_given_way", job=job_id, rows=len(state.pending_samples),
+                                why="no JobSubmitted within the retention")  # fmt: skip
                 out.send(ledger_entries_topic, key, encode_retired(job_id, clock))
                 retired += 1
         if retired:
@@ -565,6 +651,8 @@ def create_app(settings: Settings) -> faust.App:
         last: dict[TP, int] = {}
         for event in batch:
             tp = event.message.tp
+            if tp.topic != job_events_topic:
+                continue  # the gauge is the job events' (its label is the partition alone)
             last[tp] = max(last.get(tp, -1), event.message.offset)
         for tp, offset in last.items():
             try:  # a figure, never a reason to fail the batch (a rebalance may have taken the partition)
@@ -606,5 +694,6 @@ def create_app(settings: Settings) -> faust.App:
 
     ledger_entries_topic = ledger_entries.get_topic_name()
     job_events_topic = job_events.get_topic_name()
+    gpu_samples_topic = settings.gpu_samples_topic
     dead_letters_topic = settings.dead_letter_topic
     return app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
     from kafka import KafkaProducer
 
     from allmende.core.settings import Settings
-    from allmende.integrations.dcgm.collector import Publish, Round
-    from allmende.schemas.gpu_samples import GpuSamples
+    from allmende.integrations.dcgm.collector import Round
 
 collect_app = typer.Typer(help="Collect GPU readings and publish them as samples.", no_args_is_help=True)
 
@@ -57,7 +55,7 @@ def dcgm(
     from allmende.core.logs import configure_logging
     from allmende.core.metrics import serve_metrics
     from allmende.core.settings import Settings
-    from allmende.integrations.dcgm.collector import Collector, Target
+    from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher
 
     lines = list(url or [])
     if targets is not None:
@@ -73,7 +71,7 @@ def dcgm(
     producer = None if dry_run else _producer(s)
     collector = Collector(
         parsed, prometheus, interval, timeout, producer_id,
-        publish=None if producer is None else _publisher(producer, s.gpu_samples_topic, timeout + 10),
+        publish=None if producer is None else kafka_publisher(producer, s.gpu_samples_topic, timeout + 10),
     )  # fmt: skip
     if not once:
         serve_metrics(s, "collector", s.collector_metrics_port)
@@ -99,19 +97,6 @@ def _producer(s: Settings) -> KafkaProducer:
 
     ensure_topics(s)
     return make_producer(s.kafka_bootstrap_servers)
-
-
-def _publisher(producer: KafkaProducer, topic: str, timeout_s: float) -> Publish:
-    from allmende.schemas.gpu_samples import encode_gpu_samples
-
-    def publish(records: Sequence[GpuSamples]) -> None:
-        """Every record acknowledged by the broker, or an exception (the round is kept)."""
-        futures = [producer.send(topic, key=r.key, value=encode_gpu_samples(r)) for r in records]
-        producer.flush(timeout=timeout_s)
-        for future in futures:
-            future.get(timeout=0)
-
-    return publish
 
 
 def _report(done: Round, pending: int, dry_run: bool) -> None:

@@ -10,11 +10,15 @@ from dataclasses import dataclass
 
 from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
+from allmende.domain.gpu_utilisation import UtilisationRow
 from allmende.domain.postings import Posting, PostingKind
 from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
 from allmende.schemas.events import JobPreempted
 from allmende.schemas.ledger import LedgerEntry
 
+_UTILISATION_COLUMNS = (
+    "project", "job_id", "node", "piece_end", "piece_start", "gpus", "utilization_bp", "user", "cluster",
+)  # fmt: skip
 _POSTING_COLUMNS = (
     "posting_id",
     "kind",
@@ -187,6 +191,21 @@ class LedgerStore:
         self._insert(postings)
         self._note_idle(jobs)
 
+    def append_utilisation(self, rows: Sequence[UtilisationRow]) -> None:
+        """GPU utilisation rows (domain/gpu_utilisation.py): one INSERT; idempotent (keyed)."""
+        if not rows:
+            return
+        self.db.insert(
+            "gpu_utilisation",
+            [
+                (r.project, r.job_id, r.node, r.end, r.start, r.gpus, r.utilization_bp, r.user, r.cluster)
+                for r in rows
+            ],
+            _UTILISATION_COLUMNS,
+        )
+        if self._sole_writer:
+            self._note_idle({(r.project, r.job_id): True for r in rows})
+
     def _note_idle(self, jobs: Mapping[tuple[str, str], bool]) -> None:
         """After the insert (a reader that saw the old version may have read the old rows, and
         the new version tells it to read again): move the version of every project whose idle
@@ -210,7 +229,9 @@ class LedgerStore:
         with self._idle_lock:
             if project not in self._idle_jobs:
                 found = self.db.rows(
-                    "SELECT DISTINCT job_id FROM {db}.low_pieces WHERE project = {p:String}", {"p": project}
+                    "SELECT job_id FROM {db}.low_pieces WHERE project = {p:String} UNION DISTINCT"
+                    " SELECT job_id FROM {db}.gpu_utilisation WHERE project = {p:String}",
+                    {"p": project},
                 )
                 self._idle_jobs[project] = {j for (j,) in found}
             return self._idle_versions[project]

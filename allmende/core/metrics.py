@@ -65,6 +65,12 @@ METER_LATE_EVENTS = _counter(
     "allmende_meter_late_events_total",
     "Events of a job with no meter state, older than the retention behind their partition (dead-lettered)",
 )
+METER_GPU_SAMPLES = _counter(
+    "allmende_meter_gpu_samples_total",
+    "GPU sample records metered, by what they made: idle (a utilisation row), busy, no-job"
+    " (GPUs with no job), held (before the job's submission), given-way (held too long: dropped)",
+    ["outcome"],
+)
 
 # The decision writer: updated by allmende.streams.decision_writer.
 DECISIONS_WRITTEN = _counter(
@@ -201,7 +207,14 @@ DCGM_UNACCOUNTED_GPUS = _gauge(
 
 # Each component's group, registered when the component is built.
 GC = (GC_PAUSE_SECONDS,)
-METER = (METER_EVENTS, METER_DEAD_LETTERS, METER_LAG_RECORDS, METER_RETIRED_JOBS, METER_LATE_EVENTS)
+METER = (
+    METER_EVENTS,
+    METER_DEAD_LETTERS,
+    METER_LAG_RECORDS,
+    METER_RETIRED_JOBS,
+    METER_LATE_EVENTS,
+    METER_GPU_SAMPLES,
+)
 WRITER = (
     WRITER_ENTRIES_READ, WRITER_POSTINGS_WRITTEN, WRITER_ENTRIES_STALE, WRITER_DEAD_LETTERS,
     WRITER_BATCH_SECONDS, WRITER_LAG_RECORDS,

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import structlog
+from kafka import KafkaProducer
 
 from allmende.core.metrics import (
     DCGM,
@@ -42,7 +43,7 @@ from allmende.integrations.dcgm.scrape import (
     parse_scrape,
     readings_of,
 )
-from allmende.schemas.gpu_samples import GpuSample, GpuSamples, sample_id
+from allmende.schemas.gpu_samples import GpuSample, GpuSamples, encode_gpu_samples, sample_id
 
 log = structlog.get_logger(__name__)
 
@@ -212,6 +213,19 @@ def records_of(
 
 
 Publish = Callable[[Sequence[GpuSamples]], None]
+
+
+def kafka_publisher(producer: KafkaProducer, topic: str, timeout_s: float) -> Publish:
+    """Publish a round's records: every one acknowledged by the broker, or an exception (the
+    collector keeps the round and sends it again)."""
+
+    def publish(records: Sequence[GpuSamples]) -> None:
+        futures = [producer.send(topic, key=r.key, value=encode_gpu_samples(r)) for r in records]
+        producer.flush(timeout=timeout_s)
+        for future in futures:
+            future.get(timeout=0)
+
+    return publish
 
 
 @dataclass

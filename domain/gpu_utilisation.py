@@ -1,0 +1,108 @@
+"""GPU utilisation measured by the GPUs themselves (dcgm-exporter samples, issue 24), as the ledger
+keeps it: one row per job, node and scrape whose GPUs were under the squatting cap.
+
+A sample record (`schemas/gpu_samples.py`) stands for the scrape period before it: a row covers
+(occurred_at - interval_s, occurred_at] with the job's GPUs on that node and their mean
+utilisation. Only rows under `LOW_CAP_BP` are kept (the squatting threshold may not exceed it):
+a missing row reads as busy, exactly as a piece missing from `low_pieces` does, so the firehose
+costs the ledger only what is idle. A row's identity is (project, job, node, end): a sample
+published or metered twice is the same row, in any order.
+
+Samples never change what a job is charged; they only judge its time. A job with rows is judged
+by them alone (its scheduler-sent readings, if any, are not mixed in: two sources of one span
+would overlap); its totals and charge stay the ledger's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from allmende.domain.squatting import JobTotals, UsagePiece
+from allmende.schemas.gpu_samples import GpuSamples
+
+LOW_CAP_BP = 2_500  # as `low_pieces` (core/ledger_store.LOW_UTILIZATION_CAP_BP)
+UTILISATION_KEY = "utilisation"  # the ledger-entry record holding rows: {"utilisation": [row, ...]}
+
+
+class UtilisationRow(NamedTuple):
+    """One node's GPUs of one job over one scrape period, under the cap."""
+
+    project: str
+    user: str
+    cluster: str
+    job_id: str
+    node: str
+    start: int
+    end: int
+    gpus: int
+    utilization_bp: int
+
+    def attributed(self, project: str, user: str, cluster: str) -> UtilisationRow:
+        return self._replace(project=project, user=user, cluster=cluster)
+
+
+def mean_bp(record: GpuSamples) -> int:
+    """The record's GPUs' mean utilisation, rounded down (integers: the same everywhere)."""
+    return sum(s.utilization_bp for s in record.gpus) // len(record.gpus)
+
+
+def row_of(record: GpuSamples, cap_bp: int = LOW_CAP_BP) -> UtilisationRow | None:
+    """The row a job's sample record makes (unattributed), or None when its GPUs were busy (at or
+    over the cap) or it holds GPUs of no job."""
+    if record.job_id is None:
+        return None
+    bp = mean_bp(record)
+    if bp >= cap_bp:
+        return None
+    end = record.occurred_at
+    return UtilisationRow(
+        "", "", "", record.job_id, record.node, end - record.interval_s, end, len(record.gpus), bp
+    )
+
+
+def encode_rows(rows: Iterable[UtilisationRow]) -> dict[str, Any]:
+    return {UTILISATION_KEY: [list(r) for r in rows]}
+
+
+_TYPES = (str, str, str, str, str, int, int, int, int)
+
+
+def decode_rows(data: Any) -> list[UtilisationRow]:
+    """The rows of one record's payload (`encode_rows`), each one the ledger can hold; else
+    ValueError saying why."""
+    items = data.get(UTILISATION_KEY) if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise ValueError('a utilisation record is {"utilisation": [row, ...]}')
+    rows = []
+    for item in items:
+        if not isinstance(item, list) or tuple(map(type, item)) != _TYPES:
+            raise ValueError(f"not a utilisation row: {str(item)[:200]}")
+        row = UtilisationRow(*item)
+        if not (0 <= row.start < row.end and 0 < row.gpus <= 64 and 0 <= row.utilization_bp < LOW_CAP_BP):
+            raise ValueError(f"utilisation row out of range: {str(item)[:200]}")
+        rows.append(row)
+    return rows
+
+
+def job_pieces(rows: Sequence[tuple[int, int, int, int]], totals: JobTotals) -> list[UsagePiece]:
+    """A job's rows, (start, end, gpus, utilization_bp) of each node, as pieces `find_squatting`
+    judges: one per scrape period, over the job's GPUs that were under the cap in it (nodes'
+    utilisation weighted by their GPUs). A period where only some of its nodes idled is a piece of
+    those GPUs: GPUs held idle are squatted whatever the job's other nodes do.
+
+    Charges: the ledger charges the job's time, not its samples; a piece is charged at the job's
+    mean rate so far (its charge per GPU-second), rounded down, for the page's idle cost.
+    """
+    by_period: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
+    for start, end, gpus, bp in rows:
+        acc = by_period[(start, end)]
+        acc[0] += gpus
+        acc[1] += gpus * bp
+    pieces = []
+    for (start, end), (gpus, weighted) in sorted(by_period.items()):
+        gpu_seconds = gpus * (end - start)
+        charge = totals.charge_units * gpu_seconds // totals.gpu_seconds if totals.gpu_seconds > 0 else 0
+        pieces.append(UsagePiece(start, end, gpus, weighted // gpus, min(charge, totals.charge_units)))
+    return pieces

@@ -1,0 +1,160 @@
+"""Squatting from the GPUs' own samples, end to end on the real broker and chDB (issue 24): a node's
+exporter (the stand-in serving the recorded L4 scrape as 8 GPUs, four a job's that idles, four a
+busy job's) read by the collector every 30 s for 45 minutes of job time, the records metered by
+a real worker, posted by the API's writer, judged by the squatting route. The idle job is flagged
+with the right GPU-hours, its busy neighbour is not; rounds published twice change nothing; a
+job whose samples come before its submission is judged once it comes."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from allmende.core.kafka_local import free_port
+from allmende.core.kafka_topics import ensure_topics
+from allmende.core.replay import make_producer
+from allmende.core.settings import Settings
+from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher
+from allmende.schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted
+from allmende.testing.budget_harness import ADMIN, ALICE, ok, plan_text, running_api
+from allmende.testing.dcgm_exporter import ExporterStandIn
+from allmende.testing.harness import MeterWorker, send_events, wait_until
+from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN
+
+pytestmark = pytest.mark.integration
+
+L4 = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dcgm" / "l4-gpu-operator.prom"
+DAY = 86_400
+START = Q1_2027 + 3 * DAY
+ROUNDS = 90  # 45 minutes at 30 s: the grace period is 30
+PATH = "/v1/dashboard/projects/olmo-ft/squatting"
+
+
+def _lifecycle(job: str, user: str, start: int, end: int | None) -> list[JobEvent]:
+    common: dict[str, Any] = {"producer": "test", "job_id": job}
+    events: list[JobEvent] = [
+        JobSubmitted(
+            event_id=f"{job}:sub", occurred_at=start, project="olmo-ft", user=user, cluster="h100-a",
+            gpu_type="H100", gpus=4, priority_class="standard", requested_seconds=7200, **common,
+        ),  # type: ignore[arg-type]
+        JobStarted(event_id=f"{job}:start", occurred_at=start, gpus=4, **common),
+    ]  # fmt: skip
+    if end is not None:
+        events.append(
+            JobFinished(event_id=f"{job}:fin", occurred_at=end, status=FinishStatus.SUCCEEDED, **common)
+        )
+    return events
+
+
+@pytest.mark.skipif(not L4.exists(), reason="the recorded scrapes are not here")
+def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_hours_not_its_neighbour(
+    settings: Settings, tmp_path: Path
+) -> None:
+    ensure_topics(settings)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    now = [float(START)]
+    end = START + 30 * ROUNDS
+    with (
+        ExporterStandIn(L4.read_text(), 8, busy_pct=91, idle_pct=1) as node,
+        running_api(settings, Q1_2027 + DAY) as (api, clock),
+    ):
+        node.jobs = {gpu: ["parked" if gpu < 4 else "busy"] for gpu in range(8)}
+        node.idle_jobs = {"parked"}
+        collector = Collector(
+            [Target(node.url, "gpu-a01")], interval_s=30, timeout_s=5,
+            publish=kafka_publisher(producer, settings.gpu_samples_topic, 30), clock=lambda: now[0],
+        )  # fmt: skip
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        clock.now = end + 600
+        meter = MeterWorker(settings, tmp_path / "logs")
+        try:
+            meter.wait_ready()
+            send_events(
+                settings, _lifecycle("parked", "squatter", START, end) + _lifecycle("busy", "ada", START, end)
+            )
+            for k in range(1, ROUNDS + 1):
+                now[0] = START + 30 * k
+                done = collector.round()
+                assert not done.failed and len(done.records) == 2, done
+            for k in range(ROUNDS - 9, ROUNDS + 1):  # the last ten rounds published again
+                now[0] = START + 30 * k
+                collector.round()
+
+            def flagged() -> list[dict[str, Any]]:
+                rows: list[dict[str, Any]] = ok(api.get(PATH, headers=ALICE))["rows"]
+                return rows if rows and Decimal(rows[0]["idle_hours"]) == Decimal("0.75") else []
+
+            rows = wait_until(flagged, 120, "the idle job flagged for 45 minutes")
+        finally:
+            meter.kill()
+            collector.close()
+            producer.close(timeout=5)
+    assert [r["job_id"] for r in rows] == ["parked"]  # the busy neighbour is not
+    parked = rows[0]
+    assert parked["user"] == "squatter" and parked["cluster"] == "h100-a"
+    assert parked["idle_since"] == "2027-01-04T00:00:00Z"  # the job's start: idle from its first sample
+    assert Decimal(parked["idle_gpu_hours"]) == 3  # 4 GPUs x 45 minutes, measured
+    assert Decimal(parked["gpu_hours"]) == 3  # what the ledger charged it: its lifecycle's
+    assert Decimal(parked["charged_gpu_hours"]) == 3 == Decimal(parked["idle_charged_gpu_hours"])
+    assert parked["ongoing"] is True  # the stretch reaches the job's end
+
+
+@pytest.mark.skipif(not L4.exists(), reason="the recorded scrapes are not here")
+def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
+    settings: Settings, tmp_path: Path
+) -> None:
+    ensure_topics(settings)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    now = [float(START)]
+    with (
+        ExporterStandIn(L4.read_text(), 8, idle_pct=0) as node,
+        running_api(settings, Q1_2027 + DAY) as (
+            api,
+            clock,
+        ),
+    ):
+        node.jobs = {gpu: ["early"] for gpu in range(8)}
+        node.idle_jobs = {"early"}
+        collector = Collector(
+            [Target(node.url, "gpu-a02")], interval_s=60, timeout_s=5,
+            publish=kafka_publisher(producer, settings.gpu_samples_topic, 30), clock=lambda: now[0],
+        )  # fmt: skip
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
+        clock.now = START + 7200
+        meter = MeterWorker(settings, tmp_path / "logs", metrics_port=free_port())
+        try:
+            meter.wait_ready()
+            for k in range(1, 46):  # 45 minutes of 8 idle GPUs, the job unknown yet
+                now[0] = START + 60 * k
+                collector.round()
+            wait_until(lambda: _metered_samples(meter) >= 45, 60, "the samples metered (held)")
+            assert ok(api.get(PATH, headers=ALICE))["rows"] == []
+            send_events(settings, _lifecycle("early", "squatter", START, None)[:2])  # submitted, running
+
+            def flagged() -> list[dict[str, Any]]:
+                rows: list[dict[str, Any]] = ok(api.get(PATH, headers=ALICE))["rows"]
+                return rows
+
+            rows = wait_until(flagged, 120, "the held samples attributed and judged")
+        finally:
+            meter.kill()
+            collector.close()
+            producer.close(timeout=5)
+    assert [r["job_id"] for r in rows] == ["early"]
+    assert (Decimal(rows[0]["idle_hours"]), Decimal(rows[0]["idle_gpu_hours"])) == (Decimal("0.75"), 6)
+    assert rows[0]["ongoing"] is True and Decimal(rows[0]["gpu_hours"]) == 0  # running: nothing charged yet
+
+
+def _metered_samples(meter: MeterWorker) -> int:
+    text = httpx.get(f"http://127.0.0.1:{meter.metrics_port}/metrics", timeout=5).text
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("allmende_meter_gpu_samples_total{")
+        )
+    )
