@@ -13,6 +13,8 @@ paths, measured in the same run, with the CPU other processes took meanwhile.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -77,6 +79,14 @@ def run_path(
     print(f"  {per_record} GPU(s) per record: {records:,} records, {samples:,} samples published "
           f"({records / produce_s:,.0f} records/s)")  # fmt: skip
 
+    ceiling = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "faust_ceiling.py"), bootstrap,
+         settings.gpu_samples_topic, str(records), args.loop],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    said = ceiling.stdout + ceiling.stderr
+    counting = float(said.split("RATE ", 1)[1].split()[0]) if "RATE " in said else 0.0
+    print(f"  faust agent that only counts, same topic: {counting:,.0f} records/s")
     db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
     db.migrate()
     store = LedgerStore(db)
@@ -84,12 +94,16 @@ def run_path(
     writer.start()
     worker = MeterWorker(settings, work / tag / "logs")
     posted = [-1]
+    first_rows: list[float] = []
 
     def complete() -> bool:
         if writer.batches == posted[0]:  # ask chDB only after the writer posted a batch
             return False
         posted[0] = writer.batches
-        return int(db.rows("SELECT count() FROM {db}.gpu_utilisation")[0][0]) >= records
+        rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation")[0][0])
+        if rows and not first_rows:
+            first_rows.append(time.perf_counter())
+        return rows >= records
 
     try:
         worker.wait_ready(120)
@@ -103,9 +117,18 @@ def run_path(
         writer.stop()
     rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation FINAL")[0][0])
     assert rows == records, f"{rows} rows for {records} records"
-    print(f"  through the meter into the ledger: {samples / took:,.0f} samples/s, {records / took:,.0f} "
-          f"records/s ({took:.2f} s); rows {rows:,} == records; CPU meanwhile: {other}")  # fmt: skip
-    return {"samples_per_s": samples / took, "records_per_s": records / took}
+    print(
+        f"  through the meter into the ledger: {samples / took:,.0f} samples/s, {records / took:,.0f} "
+        f"records/s ({took:.2f} s from the worker's ready); rows {rows:,} == records; "
+        f"CPU meanwhile: {other}"
+    )
+    steady = t0 + took - first_rows[0] if first_rows else took
+    print(
+        f"  from the first rows in the ledger to the last: {samples / steady:,.0f} samples/s ({steady:.2f} s)"
+    )
+    if counting:
+        print(f"  records/s through the meter / counting agent: {records / took / counting:.1%}")
+    return {"samples_per_s": samples / took, "records_per_s": records / took}  # fmt: skip
 
 
 def main(args: argparse.Namespace, bootstrap: str, trace: Path, cpu: type) -> None:
@@ -115,6 +138,8 @@ def main(args: argparse.Namespace, bootstrap: str, trace: Path, cpu: type) -> No
     print(f"GPU samples: {len(submitted):,} jobs of {args.cluster}, {args.rounds} scrapes each, "
           f"{args.gpus} GPUs per node, all idle (a ledger row per record)")  # fmt: skip
     batched = run_path(args, bootstrap, work, submitted, args.batch, cpu)
+    if args.batch_only:
+        return
     single = run_path(args, bootstrap, work, submitted, 1, cpu)
     ratio = batched["samples_per_s"] / single["samples_per_s"]
     print(f"batched ({args.batch} per record): {batched['samples_per_s']:,.0f} samples/s")

@@ -62,8 +62,9 @@ def row_of(record: GpuSamples, cap_bp: int = LOW_CAP_BP) -> UtilisationRow | Non
     )
 
 
-def encode_rows(rows: Iterable[UtilisationRow]) -> dict[str, Any]:
-    return {UTILISATION_KEY: [list(r) for r in rows]}
+def encode_rows(rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """A record's payload: rows (UtilisationRow fields, in order) as JSON arrays."""
+    return {UTILISATION_KEY: [r if isinstance(r, list) else list(r) for r in rows]}
 
 
 _TYPES = (str, str, str, str, str, int, int, int, int)

@@ -132,6 +132,8 @@ async def _producer_knows(app: faust.App, topic: str) -> None:
     await driver._ensure_producer().partitions_for(topic)
 
 
+ROWS_PER_RECORD = 2_000  # utilisation rows per record: about 200 KB, well under ENTRY_RECORD_MAX_BYTES
+
 # A ledger-entry record stays this small: a job's burst of events (or a late JobSubmitted, which
 # re-emits every entry of the job) is split over several records rather than exceed the
 # producer's 1 MB. Entries are independent (the writer keeps the largest revision of each), so
@@ -220,6 +222,11 @@ class _Plan:
         self._log = AdminLog(settings, dead_letters=False)  # the API dead-letters the admin log
         self._state: AdminState | None = None
         self._view = PlanView.of(AdminState())
+
+    @property
+    def last(self) -> PlanView:
+        """The plan as last caught up (for batches that check nothing against it)."""
+        return self._view
 
     async def current(self) -> PlanView:
         delay = RESEND_FIRST_S
@@ -389,6 +396,9 @@ def create_app(settings: Settings) -> faust.App:
     )
 
     decoded = _DecodedMeters()
+    SAMPLES_IDLE, SAMPLES_BUSY, SAMPLES_NO_JOB, SAMPLES_HELD, SAMPLES_GIVEN_WAY = (
+        METER_GPU_SAMPLES.labels(outcome) for outcome in ("idle", "busy", "no-job", "held", "given-way")
+    )
     plan = _Plan(settings)
     retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
 
@@ -499,7 +509,7 @@ def create_app(settings: Settings) -> faust.App:
             return None
         row = row_of(record)
         if row is None:
-            METER_GPU_SAMPLES.labels("no-job" if record.job_id is None else "busy").inc()
+            (SAMPLES_NO_JOB if record.job_id is None else SAMPLES_BUSY).inc()
         return row
 
     def sampled(
@@ -507,9 +517,10 @@ def create_app(settings: Settings) -> faust.App:
         state: JobMeter,
         items: list[tuple[EventT[bytes], UtilisationRow]],
         horizon: int | None,
-    ) -> list[UtilisationRow]:
-        """The rows to emit for the job's samples (and for those it held, once attributed);
-        those it cannot attribute yet are held in `state`."""
+        found: list[list[Any]],
+    ) -> None:
+        """Add to `found` the rows of the job's samples (and those it held, once attributed); hold
+        in `state` those it cannot attribute yet."""
         attribution = state.attribution()
         rows: list[list[Any]] = []
         for event, row in items:
@@ -521,16 +532,17 @@ def create_app(settings: Settings) -> faust.App:
             rows.append(list(row))
         if attribution is None:
             given_way = state.hold_samples(rows)
-            METER_GPU_SAMPLES.labels("held").inc(len(rows))
+            SAMPLES_HELD.inc(len(rows))
             if given_way:
-                METER_GPU_SAMPLES.labels("given-way").inc(len(given_way))
+                SAMPLES_GIVEN_WAY.inc(len(given_way))
                 log.warning("gpu_samples_given_way", job=state.job_id, rows=len(given_way),
                             why="held too long without the job's JobSubmitted")  # fmt: skip
-            return []
+            return
         held, state.pending_samples = state.pending_samples, []
-        found = [UtilisationRow(*r).attributed(*attribution) for r in held + rows]
-        METER_GPU_SAMPLES.labels("idle").inc(len(rows))
-        return found
+        for r in held + rows:
+            r[0:3] = attribution
+            found.append(r)
+        SAMPLES_IDLE.inc(len(rows))
 
     @app.agent(job_records)
     async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
@@ -551,11 +563,16 @@ def create_app(settings: Settings) -> faust.App:
         What may raise is I/O that retrying did not mend, or a bug: see `_end_before_acks`.
         """
         out = _Deliveries(app)
-        in_force, now = await plan.current(), int(time.time())
+        # GPU samples are never checked against the plan: a batch of samples alone does not wait
+        # for the admin log (its round trip and thread would cost the firehose per batch).
+        events_in_batch = any(event.message.topic != gpu_samples_topic for event in batch)
+        in_force = await plan.current() if events_in_batch else plan.last
+        now = int(time.time())
         if not retirement.indexed:
             retirement.index(meters)
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
         samples: dict[str, list[tuple[EventT[bytes], UtilisationRow]]] = defaultdict(list)
+        utilisation: list[list[Any]] = []  # the batch's attributed rows
         latest: dict[int, int] = {}  # per partition: the clocks move once the batch is judged by them
         for event in batch:
             if event.message.topic == gpu_samples_topic:
@@ -581,7 +598,8 @@ def create_app(settings: Settings) -> faust.App:
             else:
                 state, emitted = decoded.get(job_id, raw), []
             held = len(state.pending_samples)
-            rows = sampled(out, state, sample_items, horizon) if sample_items or held else []
+            if sample_items or held:
+                sampled(out, state, sample_items, horizon, utilisation)
             if raw is None and not state.boundaries and state.submitted is None and not state.pending_samples:
                 continue  # every record refused: nothing to keep
             if items or held or state.pending_samples:  # what the table holds changed
@@ -590,13 +608,17 @@ def create_app(settings: Settings) -> faust.App:
             if raw is not None:  # always, past the `continue` above
                 decoded.put(job_id, raw, state)
             emit(out, key, emitted)
-            if rows:
-                out.send(ledger_entries_topic, key, orjson.dumps(encode_rows(rows)))
             retirement.follow(partition, job_id, state)
             METER_EVENTS.inc(len(items))
+        # Rows are independent of one another and of the job's entries (keyed by content, never
+        # revised): a batch's rows go in as few records as fit, not one per job.
+        for first in range(0, len(utilisation), ROWS_PER_RECORD):
+            value = orjson.dumps(encode_rows(utilisation[first : first + ROWS_PER_RECORD]))
+            out.send(ledger_entries_topic, None, value)
         for partition, at in latest.items():
             retirement.saw(partition, at)
-        retire(out, in_force, by_job.keys())
+        if events_in_batch:  # with the plan just caught up: a dispute raised keeps its job
+            retire(out, in_force, by_job.keys())
         await out.delivered()
         note_lag(batch)
 
@@ -629,7 +651,7 @@ def create_app(settings: Settings) -> faust.App:
                     continue
                 del meters[key]
                 if state.pending_samples:  # samples of a job whose submission never came
-                    METER_GPU_SAMPLES.labels("given-way").inc(len(state.pending_samples))
+                    SAMPLES_GIVEN_WAY.inc(len(state.pending_samples))
                     log.warning("gpu_samples_given_way", job=job_id, rows=len(state.pending_samples),
                                 why="no JobSubmitted within the retention")  # fmt: skip
                 out.send(ledger_entries_topic, key, encode_retired(job_id, clock))

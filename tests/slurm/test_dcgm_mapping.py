@@ -1,8 +1,9 @@
 """The node's prolog and epilog keep dcgm-exporter's job mapping (issue 24, part 2): on a real
 Slurm with fake GPUs, a GPU job's prolog writes one file per GPU it holds (named by the GPU's
-index, holding the job's id), a second job on other GPUs gets files of its own, and each job's
-epilog takes its id out again; the exporter (`--hpc-job-mapping-dir`) then labels each GPU's
-metrics with the job on it."""
+index, holding the id the platform knows the job by: its admission id, from the admin comment
+job_submit.lua wrote), a second job on other GPUs gets files of its own, and each job's epilog
+takes its id out again; the exporter (`--hpc-job-mapping-dir`) then labels each GPU's metrics with
+the job on it, and the job's samples meet its lifecycle events in the meter."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from allmende.testing.slurm_harness import Platform, SlurmCluster, wait_for
+from allmende.testing.slurm_harness import SLURM_CLUSTER, Platform, SlurmCluster, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -46,20 +47,31 @@ def test_the_prolog_maps_a_jobs_gpus_and_the_epilog_unmaps_them(configured: Slur
     for gpu, jobs in both.items():
         assert len(jobs) == 1, both  # whole GPUs: one job each
         by_job.setdefault(jobs[0], set()).add(gpu)
-    assert sorted(len(g) for g in by_job.values()) == [2, 3] and set(by_job) == {first, second}
+    label = {job: _platform_id(configured, job) for job in (first, second)}
+    assert sorted(len(g) for g in by_job.values()) == [2, 3] and set(by_job) == set(label.values())
     # The GPUs Slurm gave each job (scontrol's GRES index list) are the files that name it.
-    for job, gpus in by_job.items():
+    for job in (first, second):
         detail = configured.run("scontrol", "-d", "show", "job", job).stdout
-        assert f"IDX:{_idx(gpus)}" in detail, detail
+        assert f"IDX:{_idx(by_job[label[job]])}" in detail, detail
 
     configured.wait_done(second)
     left = wait_for(
-        lambda: _when(mapping, lambda m: all(second not in jobs for jobs in m.values())), 60, "its epilog"
+        lambda: _when(mapping, lambda m: all(label[second] not in jobs for jobs in m.values())),
+        60,
+        "its epilog",
     )
-    assert {gpu for gpu, jobs in left.items() if jobs == [first]} == by_job[first]
+    assert {gpu for gpu, jobs in left.items() if jobs == [label[first]]} == by_job[label[first]]
     configured.run("scancel", first)
     configured.wait_done(first)
     wait_for(lambda: _mapping(mapping) == {} or None, 60, "the first job's epilog")
+
+
+def _platform_id(slurm: SlurmCluster, job: str) -> str:
+    """The job's admission id (admin comment `allmende:<id>`, as integrations/slurm/lifecycle.py
+    reads it), else slurm-<ClusterName>-<job id>."""
+    shown = slurm.run("scontrol", "show", "job", "-o", job).stdout
+    tag = shown.split("AdminComment=", 1)[1].split()[0] if "AdminComment=" in shown else ""
+    return tag.removeprefix("allmende:") if tag.startswith("allmende:") else f"slurm-{SLURM_CLUSTER}-{job}"
 
 
 def _when(directory: Path, holds: Callable[[dict[str, list[str]]], bool]) -> dict[str, list[str]] | None:
