@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000, help="with --batch: jobs (one node each)")
     parser.add_argument("--rounds", type=int, default=60, help="with --batch: scrapes per node")
     parser.add_argument("--gpus", type=int, default=8, help="with --batch: GPUs per node")
-    parser.add_argument("--batch-only", action="store_true", help="with --batch: skip the one-per-record path")
+    parser.add_argument("--batch-only", action="store_true", help="with --batch: only the batched path")
     args = parser.parse_args()
     os.environ["ALLMENDE_METER_LOOP"] = args.loop  # the meter worker's environment is this one's
 

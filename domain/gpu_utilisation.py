@@ -24,6 +24,7 @@ from allmende.schemas.gpu_samples import GpuSamples
 
 LOW_CAP_BP = 2_500  # as `low_pieces` (core/ledger_store.LOW_UTILIZATION_CAP_BP)
 UTILISATION_KEY = "utilisation"  # the ledger-entry record holding rows: {"utilisation": [row, ...]}
+UNACCOUNTED_KEY = "unaccounted"  # and, beside them, GPUs busy with no job: {"unaccounted": [row, ...]}
 
 
 class UtilisationRow(NamedTuple):
@@ -62,20 +63,51 @@ def row_of(record: GpuSamples, cap_bp: int = LOW_CAP_BP) -> UtilisationRow | Non
     )
 
 
-def encode_rows(rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """A record's payload: rows (UtilisationRow fields, in order) as JSON arrays."""
-    return {UTILISATION_KEY: [r if isinstance(r, list) else list(r) for r in rows]}
+class UnaccountedRow(NamedTuple):
+    """A node's GPUs busy with no job on them over one scrape period: use nobody is charged for."""
+
+    node: str
+    start: int
+    end: int
+    gpus: int
+    utilization_bp: int  # their mean
+
+
+def unaccounted_of(record: GpuSamples) -> UnaccountedRow | None:
+    """The row a record of a node's GPUs with no job makes: those of them that were busy (above
+    0, as the collector counts them: `allmende_dcgm_unaccounted_gpus`), or None."""
+    if record.job_id is not None:
+        return None
+    busy = [s.utilization_bp for s in record.gpus if s.utilization_bp > 0]
+    if not busy:
+        return None
+    end = record.occurred_at
+    return UnaccountedRow(record.node, end - record.interval_s, end, len(busy), sum(busy) // len(busy))
+
+
+def encode_rows(rows: Iterable[Sequence[Any]], unaccounted: Iterable[UnaccountedRow] = ()) -> dict[str, Any]:
+    """A record's payload: rows (UtilisationRow fields, in order) as JSON arrays; and rows of
+    unaccounted use (UnaccountedRow fields), if any."""
+    payload: dict[str, Any] = {UTILISATION_KEY: [r if isinstance(r, list) else list(r) for r in rows]}
+    found = [list(r) for r in unaccounted]
+    if found:
+        payload[UNACCOUNTED_KEY] = found
+    return payload
 
 
 _TYPES = (str, str, str, str, str, int, int, int, int)
 
 
-def decode_rows(data: Any) -> list[UtilisationRow]:
+_UNACCOUNTED_TYPES = (str, int, int, int, int)
+
+
+def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
     """The rows of one record's payload (`encode_rows`), each one the ledger can hold; else
     ValueError saying why."""
     items = data.get(UTILISATION_KEY) if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        raise ValueError('a utilisation record is {"utilisation": [row, ...]}')
+    others = data.get(UNACCOUNTED_KEY, []) if isinstance(data, dict) else None
+    if not isinstance(items, list) or not isinstance(others, list):
+        raise ValueError('a utilisation record is {"utilisation": [row, ...], "unaccounted": [row, ...]}')
     rows = []
     for item in items:
         if not isinstance(item, list) or tuple(map(type, item)) != _TYPES:
@@ -84,7 +116,15 @@ def decode_rows(data: Any) -> list[UtilisationRow]:
         if not (0 <= row.start < row.end and 0 < row.gpus <= 64 and 0 <= row.utilization_bp < LOW_CAP_BP):
             raise ValueError(f"utilisation row out of range: {str(item)[:200]}")
         rows.append(row)
-    return rows
+    unaccounted = []
+    for item in others:
+        if not isinstance(item, list) or tuple(map(type, item)) != _UNACCOUNTED_TYPES:
+            raise ValueError(f"not an unaccounted-use row: {str(item)[:200]}")
+        other = UnaccountedRow(*item)
+        if not (0 <= other.start < other.end and 0 < other.gpus <= 64 and 0 < other.utilization_bp <= 10_000):
+            raise ValueError(f"unaccounted-use row out of range: {str(item)[:200]}")
+        unaccounted.append(other)
+    return rows, unaccounted
 
 
 def job_pieces(rows: Sequence[tuple[int, int, int, int]], totals: JobTotals) -> list[UsagePiece]:

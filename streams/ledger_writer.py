@@ -42,7 +42,7 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.charging import PolicyTimeline, flat_policy
-from allmende.domain.gpu_utilisation import UtilisationRow, decode_rows
+from allmende.domain.gpu_utilisation import UnaccountedRow, UtilisationRow, decode_rows
 from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.ledger import LedgerEntry, decode_entries, retired_job
@@ -161,6 +161,7 @@ class LedgerWriter(OffsetsBesideData):
         """Post (partition, offset, key, value) records; returns counts. Offsets not saved here."""
         entries: list[LedgerEntry] = []
         utilisation: list[UtilisationRow] = []
+        unaccounted: list[UnaccountedRow] = []
         refused = 0
         retired: list[str] = []
         for partition, offset, key, value in records:
@@ -172,7 +173,9 @@ class LedgerWriter(OffsetsBesideData):
             # raise out of the batch (the loop would retry the same batch for ever).
             try:
                 if value is not None and value[:1] == b"{":  # entries are arrays; rows an object
-                    utilisation.extend(decode_rows(orjson.loads(value)))
+                    rows, others = decode_rows(orjson.loads(value))
+                    utilisation.extend(rows)
+                    unaccounted.extend(others)
                 else:
                     entries.extend(postable_entries(value))
                 continue
@@ -198,7 +201,7 @@ class LedgerWriter(OffsetsBesideData):
         current = self._cache.current(e.job_id for e in newest.values())
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
-        self.store.append_utilisation(utilisation)
+        self.store.append_utilisation(utilisation, unaccounted)
         self._cache.accept(accepted.values())
         self._cache.forget(retired)  # after `accept`: the job's last entries may share the batch
         WRITER_ENTRIES_READ.inc(len(records))

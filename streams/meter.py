@@ -54,7 +54,13 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.admin_state import DISPUTED, AdminState
-from allmende.domain.gpu_utilisation import UtilisationRow, encode_rows, row_of
+from allmende.domain.gpu_utilisation import (
+    UnaccountedRow,
+    UtilisationRow,
+    encode_rows,
+    row_of,
+    unaccounted_of,
+)
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
 from allmende.domain.usage_checks import ImpossibleUsage, PlanView, check_event
@@ -492,7 +498,9 @@ def create_app(settings: Settings) -> faust.App:
         emitted.extend(state.dispute(in_force.dispute_stage(job_id)))
         return state, emitted
 
-    def sample_row(out: _Deliveries, event: EventT[bytes]) -> UtilisationRow | None:
+    def sample_row(
+        out: _Deliveries, event: EventT[bytes], unaccounted: list[UnaccountedRow]
+    ) -> UtilisationRow | None:
         """The utilisation row a GPU sample record makes (None: busy, no job, or dead-lettered)."""
         message = event.message
         try:
@@ -510,6 +518,9 @@ def create_app(settings: Settings) -> faust.App:
         row = row_of(record)
         if row is None:
             (SAMPLES_NO_JOB if record.job_id is None else SAMPLES_BUSY).inc()
+            other = unaccounted_of(record)
+            if other is not None:
+                unaccounted.append(other)
         return row
 
     def sampled(
@@ -573,10 +584,11 @@ def create_app(settings: Settings) -> faust.App:
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
         samples: dict[str, list[tuple[EventT[bytes], UtilisationRow]]] = defaultdict(list)
         utilisation: list[list[Any]] = []  # the batch's attributed rows
+        unaccounted: list[UnaccountedRow] = []  # and its GPUs busy with no job
         latest: dict[int, int] = {}  # per partition: the clocks move once the batch is judged by them
         for event in batch:
             if event.message.topic == gpu_samples_topic:
-                row = sample_row(out, event)
+                row = sample_row(out, event, unaccounted)
                 if row is not None:
                     samples[row.job_id].append((event, row))
                 continue
@@ -614,6 +626,9 @@ def create_app(settings: Settings) -> faust.App:
         # revised): a batch's rows go in as few records as fit, not one per job.
         for first in range(0, len(utilisation), ROWS_PER_RECORD):
             value = orjson.dumps(encode_rows(utilisation[first : first + ROWS_PER_RECORD]))
+            out.send(ledger_entries_topic, None, value)
+        for first in range(0, len(unaccounted), ROWS_PER_RECORD):
+            value = orjson.dumps(encode_rows([], unaccounted[first : first + ROWS_PER_RECORD]))
             out.send(ledger_entries_topic, None, value)
         for partition, at in latest.items():
             retirement.saw(partition, at)

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
-from allmende.domain.gpu_utilisation import UtilisationRow
+from allmende.domain.gpu_utilisation import UnaccountedRow, UtilisationRow
 from allmende.domain.postings import Posting, PostingKind
 from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
 from allmende.schemas.events import JobPreempted
 from allmende.schemas.ledger import LedgerEntry
 
+_UNACCOUNTED_COLUMNS = ("node", "piece_start", "piece_end", "gpus", "utilization_bp")
 _UTILISATION_COLUMNS = (
     "project", "job_id", "node", "piece_end", "piece_start", "gpus", "utilization_bp", "user", "cluster",
 )  # fmt: skip
@@ -191,8 +192,13 @@ class LedgerStore:
         self._insert(postings)
         self._note_idle(jobs)
 
-    def append_utilisation(self, rows: Sequence[UtilisationRow]) -> None:
-        """GPU utilisation rows (domain/gpu_utilisation.py): one INSERT; idempotent (keyed)."""
+    def append_utilisation(
+        self, rows: Sequence[UtilisationRow], unaccounted: Sequence[UnaccountedRow] = ()
+    ) -> None:
+        """GPU utilisation rows and unaccounted use (domain/gpu_utilisation.py): an INSERT each;
+        idempotent (keyed)."""
+        if unaccounted:
+            self.db.insert("gpu_unaccounted", [tuple(r) for r in unaccounted], _UNACCOUNTED_COLUMNS)
         if not rows:
             return
         self.db.insert(
@@ -205,6 +211,17 @@ class LedgerStore:
         )
         if self._sole_writer:
             self._note_idle({(r.project, r.job_id): True for r in rows})
+
+    def unaccounted_gpu_seconds(self, start: int, end: int) -> dict[str, int]:
+        """Per node, GPU-seconds of GPUs busy with no job on them in [start, end) (periods
+        clipped to it), from the GPUs' own samples."""
+        rows = self.db.rows(
+            "SELECT node, sum(gpus * (least(piece_end, {b:Int64}) - greatest(piece_start, {a:Int64})))"
+            " FROM {db}.gpu_unaccounted FINAL WHERE piece_end > {a:Int64} AND piece_start < {b:Int64}"
+            " GROUP BY node",
+            {"a": start, "b": end},
+        )
+        return {str(node): int(s) for node, s in rows}
 
     def _note_idle(self, jobs: Mapping[tuple[str, str], bool]) -> None:
         """After the insert (a reader that saw the old version may have read the old rows, and

@@ -18,3 +18,16 @@ CREATE TABLE IF NOT EXISTS {db}.gpu_utilisation
 )
 ENGINE = ReplacingMergeTree
 ORDER BY (project, job_id, node, piece_end);
+
+-- GPUs busy with no job on them (unaccounted use: nobody can be charged), per node and scrape
+-- period, from the samples of a node's unmapped GPUs: the overview's "unaccounted" line.
+CREATE TABLE IF NOT EXISTS {db}.gpu_unaccounted
+(
+    node           String,
+    piece_start    Int64,
+    piece_end      Int64,
+    gpus           UInt16,
+    utilization_bp UInt16
+)
+ENGINE = ReplacingMergeTree
+ORDER BY (node, piece_end);

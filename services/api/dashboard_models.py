@@ -206,6 +206,10 @@ class OverviewRow(BaseModel):
 class OverviewOut(_PeriodMeta):
     elapsed_percent: Decimal
     rows: list[OverviewRow]
+    # Admins only (else None): GPU-hours of GPUs busy with no job on them in the period, from the
+    # GPUs' own samples (docs/dcgm.md), and on how many nodes: use nobody can be charged for.
+    unaccounted_gpu_hours: Decimal | None = None
+    unaccounted_nodes: int | None = None
 
 
 class ClusterDayRow(BaseModel):

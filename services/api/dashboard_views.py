@@ -349,7 +349,14 @@ class DashboardViews:
                 )
             )
         elapsed = percent(_share(period.as_of - period.start, period.end - period.start)) or Decimal(0)
-        return m.OverviewOut(**period.meta(), elapsed_percent=elapsed, rows=rows)
+        unaccounted: dict[str, int] | None = None
+        if caller.role == "admin":
+            unaccounted = self.admin.store.unaccounted_gpu_seconds(period.start, period.end)
+        return m.OverviewOut(
+            **period.meta(), elapsed_percent=elapsed, rows=rows,
+            unaccounted_gpu_hours=None if unaccounted is None else gpu_hours(sum(unaccounted.values())),
+            unaccounted_nodes=None if unaccounted is None else sum(1 for s in unaccounted.values() if s),
+        )  # fmt: skip
 
     def project_burns(self) -> list[ProjectBurn]:
         """Every project with an allocation in the current period, as the burn alerter and the

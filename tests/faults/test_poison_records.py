@@ -331,6 +331,17 @@ def _bad_entry_records(rng: random.Random, entries: list[LedgerEntry]) -> list[R
         Record(key(), changed(interval_end=10**12), "past-the-ledger", reason),
         Record(key(), changed(interval_end=0), "end-before-start", reason),
         Record(key(), b'{"entries": []}', "not-an-array", reason),
+        # GPU-sample rows (`{"utilisation": [...]}`) the ledger cannot hold
+        Record(
+            key(),
+            b'{"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4, "x"]]}',
+            "row-wrong-type",
+            reason,
+        ),
+        Record(
+            key(), b'{"utilisation": [["p", "u", "c", "j", "n1", 1000, 970, 4, 10]]}', "row-backwards", reason
+        ),
+        Record(key(), b'{"utilisation": 7}', "rows-not-a-list", reason),
         Record(key(), None, "no-value", reason),
     ]
 

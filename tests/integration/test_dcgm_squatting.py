@@ -2,8 +2,9 @@
 exporter (the stand-in serving the recorded L4 scrape as 8 GPUs, four a job's that idles, four a
 busy job's) read by the collector every 30 s for 45 minutes of job time, the records metered by
 a real worker, posted by the API's writer, judged by the squatting route. The idle job is flagged
-with the right GPU-hours, its busy neighbour is not; rounds published twice change nothing; a
-job whose samples come before its submission is judged once it comes."""
+with the right GPU-hours, its busy neighbour is not; GPUs busy with no job are the overview's
+unaccounted use; rounds published twice change nothing; a job whose samples come before its
+submission is judged once it comes; bad sample records are dead-lettered."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from allmende.core.kafka_local import free_port
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
-from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher
+from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher, records_of
+from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted
+from allmende.schemas.gpu_samples import encode_gpu_samples
 from allmende.testing.budget_harness import ADMIN, ALICE, ok, plan_text, running_api
 from allmende.testing.dcgm_exporter import ExporterStandIn
-from allmende.testing.harness import MeterWorker, send_events, wait_until
+from allmende.testing.harness import MeterWorker, read_topic, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN
 
 pytestmark = pytest.mark.integration
@@ -59,10 +62,11 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
     now = [float(START)]
     end = START + 30 * ROUNDS
     with (
-        ExporterStandIn(L4.read_text(), 8, busy_pct=91, idle_pct=1) as node,
+        ExporterStandIn(L4.read_text(), 10, busy_pct=91, idle_pct=1, free_pct=40) as node,
         running_api(settings, Q1_2027 + DAY) as (api, clock),
     ):
-        node.jobs = {gpu: ["parked" if gpu < 4 else "busy"] for gpu in range(8)}
+        # GPUs 0-3 the idle job's, 4-7 the busy one's, 8-9 nobody's but busy (unaccounted use)
+        node.jobs = {gpu: ["parked"] if gpu < 4 else ["busy"] if gpu < 8 else [] for gpu in range(10)}
         node.idle_jobs = {"parked"}
         collector = Collector(
             [Target(node.url, "gpu-a01")], interval_s=30, timeout_s=5,
@@ -79,7 +83,7 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
             for k in range(1, ROUNDS + 1):
                 now[0] = START + 30 * k
                 done = collector.round()
-                assert not done.failed and len(done.records) == 2, done
+                assert not done.failed and len(done.records) == 3, done  # two jobs, the free GPUs
             for k in range(ROUNDS - 9, ROUNDS + 1):  # the last ten rounds published again
                 now[0] = START + 30 * k
                 collector.round()
@@ -89,6 +93,8 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
                 return rows if rows and Decimal(rows[0]["idle_hours"]) == Decimal("0.75") else []
 
             rows = wait_until(flagged, 120, "the idle job flagged for 45 minutes")
+            overview = ok(api.get("/v1/dashboard/overview", headers=ADMIN))
+            lead_overview = ok(api.get("/v1/dashboard/overview", headers=ALICE))
         finally:
             meter.kill()
             collector.close()
@@ -101,6 +107,9 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
     assert Decimal(parked["gpu_hours"]) == 3  # what the ledger charged it: its lifecycle's
     assert Decimal(parked["charged_gpu_hours"]) == 3 == Decimal(parked["idle_charged_gpu_hours"])
     assert parked["ongoing"] is True  # the stretch reaches the job's end
+    # The two GPUs busy with no job: 2 x 45 minutes of use nobody is charged for, shown to admins.
+    assert (Decimal(overview["unaccounted_gpu_hours"]), overview["unaccounted_nodes"]) == (Decimal("1.5"), 1)
+    assert lead_overview["unaccounted_gpu_hours"] is None and lead_overview["unaccounted_nodes"] is None
 
 
 @pytest.mark.skipif(not L4.exists(), reason="the recorded scrapes are not here")
@@ -131,6 +140,14 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
             for k in range(1, 46):  # 45 minutes of 8 idle GPUs, the job unknown yet
                 now[0] = START + 60 * k
                 collector.round()
+            bad = {  # each dead-lettered, with its reason; the worker goes on
+                b"early": b"{not json",
+                b"other-job": producer_value(collector, "early"),  # keyed by another job than its own
+                b"early ": b'{"type": "GpuSamples", "schema_version": 1}',
+            }
+            for key, value in bad.items():
+                producer.send(settings.gpu_samples_topic, key=key, value=value)
+            producer.flush()
             wait_until(lambda: _metered_samples(meter) >= 45, 60, "the samples metered (held)")
             assert ok(api.get(PATH, headers=ALICE))["rows"] == []
             send_events(settings, _lifecycle("early", "squatter", START, None)[:2])  # submitted, running
@@ -145,8 +162,21 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
             collector.close()
             producer.close(timeout=5)
     assert [r["job_id"] for r in rows] == ["early"]
+    letters = [DeadLetter.model_validate_json(v) for v in read_topic(settings, settings.dead_letter_topic, 3)]
+    assert (
+        sorted((d.stage, d.code, d.source_topic) for d in letters)
+        == [("meter", "contract", settings.gpu_samples_topic)] * 3
+    )
+    assert any("is not the record's" in d.reason for d in letters)
     assert (Decimal(rows[0]["idle_hours"]), Decimal(rows[0]["idle_gpu_hours"])) == (Decimal("0.75"), 6)
     assert rows[0]["ongoing"] is True and Decimal(rows[0]["gpu_hours"]) == 0  # running: nothing charged yet
+
+
+def producer_value(collector: Collector, job: str) -> bytes:
+    """A record as the collector makes it for `job` (its node's GPUs), to send under a wrong key."""
+    _, reads = collector.read()
+    records, _ = records_of(reads[0].scrape, int(START), 60, "test")  # type: ignore[arg-type]
+    return encode_gpu_samples(next(r for r in records if r.job_id == job))
 
 
 def _metered_samples(meter: MeterWorker) -> int:

@@ -8,12 +8,14 @@ import pytest
 
 from allmende.domain.gpu_utilisation import (
     LOW_CAP_BP,
+    UnaccountedRow,
     UtilisationRow,
     decode_rows,
     encode_rows,
     job_pieces,
     mean_bp,
     row_of,
+    unaccounted_of,
 )
 from allmende.domain.metering import PENDING_SAMPLES_MAX, JobMeter
 from allmende.domain.squatting import JobTotals, SquatRule, find_squatting
@@ -37,16 +39,27 @@ def test_a_record_under_the_cap_is_one_row_over_its_scrape_period_and_a_busy_one
     assert mean_bp(_record("j", T0, [LOW_CAP_BP] * 8)) == LOW_CAP_BP
     assert row_of(_record("j", T0, [LOW_CAP_BP] * 8)) is None  # at the cap: busy
     assert row_of(_record(None, T0, [0] * 8)) is None  # free GPUs: nobody's
+    # GPUs with no job: those busy (above 0, as the collector counts them) are unaccounted use
+    assert unaccounted_of(_record(None, T0, [0, 0, 3_000, 5_001])) == UnaccountedRow(
+        "n1", T0 - 30, T0, 2, 4_000
+    )
+    assert unaccounted_of(_record(None, T0, [0] * 8)) is None
+    assert unaccounted_of(_record("j", T0, [9_000] * 8)) is None  # a job's GPUs are its own
 
 
 def test_rows_round_trip_and_a_bad_row_is_refused_with_why() -> None:
     row = UtilisationRow("p", "u", "c", "j", "n1", 970, 1000, 4, 100)
-    assert decode_rows(orjson.loads(orjson.dumps(encode_rows([row])))) == [row]
+    other = UnaccountedRow("n2", 970, 1000, 2, 4_000)
+    assert decode_rows(orjson.loads(orjson.dumps(encode_rows([row])))) == ([row], [])
+    assert decode_rows(orjson.loads(orjson.dumps(encode_rows([], [other])))) == ([], [other])
     for bad, why in [
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4]]}, "not a utilisation row"),
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4, "100"]]}, "not a utilisation row"),
         ({"utilisation": [["p", "u", "c", "j", "n1", 1000, 1000, 4, 100]]}, "out of range"),
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4, LOW_CAP_BP]]}, "out of range"),
+        ({"utilisation": [], "unaccounted": [["n2", 970, 1000, 2, 0]]}, "unaccounted-use row out of range"),
+        ({"utilisation": [], "unaccounted": [["n2", 970, 1000, 2]]}, "not an unaccounted-use row"),
+        ({"utilisation": [], "unaccounted": {}}, "a utilisation record is"),
         ({"rows": []}, "a utilisation record is"),
         ([1, 2], "a utilisation record is"),
     ]:

@@ -12,7 +12,10 @@
       A.showPeriod(body.period);
       A.$("#meta").textContent =
         `${body.period}: ${body.period_start.slice(0, 10)} to ${body.period_end.slice(0, 10)} · ` +
-        `as of ${A.fmt.instant(body.as_of)} UTC · ${A.fmt.percent(body.elapsed_percent)} of the period elapsed`;
+        `as of ${A.fmt.instant(body.as_of)} UTC · ${A.fmt.percent(body.elapsed_percent)} of the period elapsed` +
+        // Admins: GPUs busy with no job on them (the GPUs' own samples): use nobody is charged for.
+        (body.unaccounted_nodes ? ` · unaccounted GPU use: ${body.unaccounted_gpu_hours} GPU-h on ` +
+          `${body.unaccounted_nodes} node${body.unaccounted_nodes === 1 ? "" : "s"}` : "");
       const link = (row) => A.url(`/ui/projects/${encodeURIComponent(row.project)}`, { period: body.period });
       A.table("#projects .body", body.rows, [
         { key: "project", label: "Project", link },
