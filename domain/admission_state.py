@@ -189,6 +189,29 @@ class AdmissionState:
         job.idle_since = found
         return changed
 
+    def _reading(self, job: JobSeen, at: int, bp: int) -> None:
+        """A reading of the job's GPUs (order-free: two maxima); a reading changes nothing else
+        admission knows."""
+        if self.squat is None:
+            return
+        if self.squat.idle(bp):
+            job.low_read_at = max(job.low_read_at, at)
+        else:
+            job.busy_read_at = max(job.busy_read_at, at)
+        if self._idle(job):
+            self._reindex(job)
+
+    def read_gpus(self, job_id: str, at: int, utilization_bp: int) -> bool:
+        """A GPU sample of the job's GPUs on one node (dcgm-exporter, docs/dcgm.md), read as a
+        JobUsageSample's reading: a busy node keeps the whole job from squatting, so only a job
+        idle on every node it was read on is a victim. A sample never brings in a job admission
+        does not know (False then)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return False
+        self._reading(job, at, utilization_bp)
+        return True
+
     def _reindex(self, job: JobSeen) -> None:
         job._running = None
         for cluster, jobs in self.live.items():
@@ -340,14 +363,7 @@ class AdmissionState:
             self._retire_later(event.occurred_at, event.job_id)
         job.partition = partition
         if isinstance(event, JobUsageSample):
-            if self.squat is None:
-                return True  # a reading changes nothing else admission knows
-            if self.squat.idle(utilization_bp(event.gpu_utilization)):
-                job.low_read_at = max(job.low_read_at, event.occurred_at)
-            else:
-                job.busy_read_at = max(job.busy_read_at, event.occurred_at)
-            if self._idle(job):
-                self._reindex(job)
+            self._reading(job, event.occurred_at, utilization_bp(event.gpu_utilization))
             return True
         match event:
             case JobSubmitted():

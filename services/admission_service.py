@@ -67,6 +67,7 @@ from allmende.domain.admission_model import (
 )
 from allmende.domain.admission_state import AdmissionState, JobRecord, JobSeen, Tentative, dump_of
 from allmende.domain.budget_view import ChargeRowsCache, budget_lines
+from allmende.domain.gpu_utilisation import mean_bp
 from allmende.domain.preemption import Reach, plan_victims
 from allmende.domain.squatting import SquatRule
 from allmende.domain.timeslices import active_at
@@ -83,6 +84,7 @@ from allmende.schemas.admission_events import (
     parse_admission_event,
 )
 from allmende.schemas.events import ContractError, parse_job_event
+from allmende.schemas.gpu_samples import parse_gpu_samples
 from allmende.services.group_commit import GroupCommit
 from allmende.streams.admin_log import AdminLog
 from allmende.streams.fairshare_calculator import FairShareCalculator
@@ -96,6 +98,9 @@ TXN_TIMEOUT_MS = 10_000
 
 
 RELEASE_CHUNK = 50  # hold releases per turn of the event loop
+# GPU samples read at start beyond the squatting grace period: a few scrapes, so that a job idle for
+# the whole window is known to have idled longer than the grace (see `_follow_gpu_samples`).
+SAMPLES_LOOKBACK_S = 600
 
 
 class AdmissionRefused(ValueError):
@@ -157,6 +162,7 @@ class AdmissionService:
         self._release_retry: list[HoldReleased] = []  # releases the log did not take
         self._stop = threading.Event()
         self._jobs_thread: threading.Thread | None = None
+        self._samples_thread: threading.Thread | None = None
         self._jobs_lag = LagWatch()
         self.jobs_caught_up = self._jobs_lag.caught_up
         self.last_error: str | None = None
@@ -198,6 +204,11 @@ class AdmissionService:
             target=self._follow_job_events, name="admission-jobs", daemon=True
         )
         self._jobs_thread.start()
+        if self.settings.squat_reclaim:
+            self._samples_thread = threading.Thread(
+                target=self._follow_gpu_samples, name="admission-gpu-samples", daemon=True
+            )
+            self._samples_thread.start()
         if not self.settings.admission_election:
             await self._open_log(transactional=False)
             self.leading = True
@@ -265,7 +276,7 @@ class AdmissionService:
         await self._close_log()
         if self._lease is not None:  # leaving the group: a standby takes over at once
             await asyncio.to_thread(self._lease.stop)
-        for thread in (self._jobs_thread, self._follow_thread):
+        for thread in (self._jobs_thread, self._samples_thread, self._follow_thread):
             if thread is not None:
                 await asyncio.to_thread(thread.join, 10)
 
@@ -515,6 +526,49 @@ class AdmissionService:
             except Exception as exc:  # Kafka away: start over, the fold is order-free
                 self.last_error = repr(exc)
                 log.exception("admission_job_events_failed", error=repr(exc))
+                self._stop.wait(2.0)
+            finally:
+                consumer.close(autocommit=False)
+
+    def _follow_gpu_samples(self) -> None:
+        """Fold the GPUs' own samples (dcgm-exporter, docs/dcgm.md) into the running jobs'
+        readings, for squatting reclaim, from `grace + SAMPLES_LOOKBACK_S` ago, then follow them.
+        The readings are two maxima per job, so reading a sample twice (a restart, Kafka away)
+        changes nothing, and that window decides squatting exactly: a job whose samples in it
+        were all idle has idled longer than the grace (its idle-since may read earlier than it
+        was). Not checkpointed: a restart reads the window again."""
+        s = self.settings
+        while not self._stop.is_set():
+            consumer, partitions = replaying_consumer(
+                s.kafka_bootstrap_servers, s.gpu_samples_topic, client_id="allmende-admission-samples"
+            )
+            try:
+                since_ms = int((time.time() - s.squat_grace_s - SAMPLES_LOOKBACK_S) * 1000)
+                found = consumer.offsets_for_times({tp: since_ms for tp in partitions})
+                for tp in partitions:
+                    at = found.get(tp)
+                    if at is None:
+                        consumer.seek_to_end(tp)  # nothing that recent: only what comes
+                    else:
+                        consumer.seek(tp, at.offset)
+                while not self._stop.is_set():
+                    polled = consumer.poll(timeout_ms=500, max_records=20_000)
+                    readings = []
+                    for records in polled.values():
+                        for record in records:
+                            try:
+                                sample = parse_gpu_samples(record.value)
+                            except ContractError:
+                                continue  # the meter dead-letters it
+                            if sample.job_id is not None:
+                                readings.append((sample.job_id, sample.occurred_at, mean_bp(sample)))
+                    if readings:
+                        with self._lock:
+                            for job_id, at_s, bp in readings:
+                                self.state.read_gpus(job_id, at_s, bp)
+            except Exception as exc:  # Kafka away: start over from the window (order-free)
+                self.last_error = repr(exc)
+                log.exception("admission_gpu_samples_failed", error=repr(exc))
                 self._stop.wait(2.0)
             finally:
                 consumer.close(autocommit=False)

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,13 @@ from allmende.integrations.slurm.local import (
 )
 
 STATE = ROOT / ".allmende" / "slurm-demo"
+# The squatting step: a recorded dcgm-exporter scrape (the shared data beside the checkout) served
+# by a stand-in as the node's exporter; the collector's period; the demo's grace period; how long
+# the idle job holds its GPUs.
+RECORDED_SCRAPE = ROOT.parent / "shared" / "data" / "dcgm" / "l4-gpu-operator.prom"
+SCRAPE_S = 10
+SQUAT_GRACE_S = 60
+SQUAT_RUN_S = 120
 SLURM_NAME = "demo"  # Slurm's ClusterName
 TOPIC_PREFIX = "allmende"
 REASON = "xid 79 on GPU 3, fallen off the bus (demo)"
@@ -148,6 +156,7 @@ def platform_env(
             "ALLMENDE_RUN_DIR": str(paths.run),
             "ALLMENDE_KAFKA_HOME": str(paths.kafka),
             "ALLMENDE_LOG_JSON": "false",
+            "ALLMENDE_SQUAT_GRACE_S": str(SQUAT_GRACE_S),  # minutes, not half an hour: a demo
         }
     )
     return env
@@ -597,6 +606,85 @@ class Demo:
                 job.story.append(line.split(" ", 1)[1])
             job.story.append("ran again after the node was resumed")
 
+    def squatting(self) -> None:
+        """7. A job that holds GPUs and does nothing with them, seen by the GPUs themselves: an
+        exporter stand-in serves the recorded dcgm-exporter scrape as this node's 8 GPUs with the
+        node's own mapping files (written by the Slurm prolog), the collector reads it every
+        SCRAPE_S and publishes the samples, the meter and writer keep them, and the squatting page
+        flags the job once it idled SQUAT_GRACE_S (the demo's grace period), with its cost once it
+        ended. Skipped without the recorded scrape (../shared/data/dcgm)."""
+        from allmende.core.replay import make_producer
+        from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher
+        from allmende.testing.dcgm_exporter import ExporterStandIn
+
+        if not RECORDED_SCRAPE.exists():
+            self.say(f"[dim]squatting: no recorded dcgm-exporter scrape at {RECORDED_SCRAPE}: skipped[/dim]")
+            return
+        job = DemoJob("squatting", "rich", f"sbatch 2×h100, idle {SQUAT_RUN_S} s", 2)
+        stand_in = ExporterStandIn(RECORDED_SCRAPE.read_text(), 8, self.sl.dcgm_mapping_dir, idle_pct=0)
+        producer = make_producer(self.kafka)
+        topic = f"{TOPIC_PREFIX}.gpu-samples"
+        collector = Collector(
+            [Target(stand_in.url, self.node)],
+            interval_s=SCRAPE_S,
+            publish=kafka_publisher(producer, topic, 30),
+        )
+        stop = threading.Event()
+
+        def collect() -> None:
+            while not stop.wait(SCRAPE_S - time.time() % SCRAPE_S):  # rounds on the period's grid
+                collector.round()
+
+        path = f"{self.url}/v1/dashboard/projects/rich/squatting"
+
+        def flagged(ongoing: bool | None) -> dict[str, Any] | None:
+            """The job's row on the squatting page (ongoing or not; None: either)."""
+            rows = httpx.get(path, headers=self._admin_headers(), timeout=30).json().get("rows", [])
+            mine = [r for r in rows if r["job_id"] == job.platform_id and ongoing in (None, r["ongoing"])]
+            return mine[0] if mine else None
+
+        def costed() -> dict[str, Any] | None:
+            row = flagged(None)
+            return row if row and Decimal(row["charged_gpu_hours"]) > 0 else None
+
+        stand_in.start()
+        thread = threading.Thread(target=collect, name="dcgm-collector", daemon=True)
+        thread.start()
+        try:
+            with self.step(
+                f"{job.label}: sbatch -A rich --gres=gpu:h100:2 --wrap 'sleep {SQUAT_RUN_S}'; its GPUs read "
+                f"idle by the exporter stand-in, scraped every {SCRAPE_S} s (allmende collect dcgm)"
+            ):
+                if not self.sbatch(job, "--gres=gpu:h100:2", "-t", "5", "--wrap", f"sleep {SQUAT_RUN_S}"):
+                    raise RuntimeError(f"sbatch refused the squatting job: {job.said}")
+                self.started(job)
+                assert job.platform_id is not None
+                stand_in.idle_jobs.add(job.platform_id)  # its GPUs, as the mapping files name them
+            with self.step(
+                f"the squatting page flags it after {SQUAT_GRACE_S} s idle (the demo's grace period)"
+            ):
+                row = wait_until(lambda: flagged(True), SQUAT_RUN_S + 60, "the squatting page to flag it", 2)
+                assert row is not None
+            job.story.append(
+                f"flagged squatting from its GPUs' samples: idle since {row['idle_since']}, "
+                f"{row['idle_gpu_hours']} idle GPU-h so far"
+            )
+            with self.step("it ends; the page shows what its idle time cost"):
+                self.finished(job, timeout=SQUAT_RUN_S + 60)
+                self.wait_ledger(job)
+                ended = wait_until(costed, 60, "its cost on the squatting page", 1)
+                assert ended is not None  # wait_until returns a truthy answer
+            job.story.append(
+                f"ended: {ended['idle_gpu_hours']} idle GPU-h of {ended['gpu_hours']} GPU-h, charged "
+                f"{ended['charged_gpu_hours']} GPU-h ({ended['idle_charged_gpu_hours']} of it idle)"
+            )
+        finally:
+            stop.set()
+            thread.join(SCRAPE_S + 10)
+            collector.close()
+            producer.close(timeout=5)
+            stand_in.stop()
+
     # -- the report ----------------------------------------------------------------------------------
 
     def report(self) -> None:
@@ -690,6 +778,7 @@ class Demo:
         try:
             self.start()
             self.workload()
+            self.squatting()
             self.report()
             self.where_to_look()
         except (Exception, KeyboardInterrupt) as exc:

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
 from allmende.domain.allocations import UNITS_PER_GPU_HOUR
 from allmende.schemas.admission_events import (
@@ -18,6 +19,7 @@ from allmende.schemas.admission_events import (
     parse_admission_event,
 )
 from allmende.schemas.events import JobEvent, JobStarted, JobSubmitted
+from allmende.schemas.gpu_samples import GpuSample, GpuSamples, encode_gpu_samples, sample_id
 from allmende.testing.budget_harness import ADMIN, ALICE, SCHEDULER, live_api, ok, plan_text, running_api
 from allmende.testing.harness import MeterWorker, read_topic, send_events, wait_until
 from tests.integration.test_budgets import _run
@@ -355,3 +357,46 @@ def test_bad_requests_get_a_4xx_with_a_clear_message(
         assert response.status_code == status and needle in response.text, response.text
         assert api.post("/v1/admission", json=_job("y", "vision", 1), headers=ALICE).status_code == 403
         assert api.post("/v1/admission", json=_job("y", "vision", 1)).status_code == 401
+
+
+def test_a_job_whose_gpus_idle_by_their_own_samples_is_a_victim_and_one_busy_node_keeps_a_job_safe(
+    settings: Settings,
+) -> None:
+    """Squatting reclaim from dcgm-exporter samples (issue 24): the admission service follows
+    `<prefix>.gpu-samples`. A non-preemptible job whose GPUs read idle for 40 minutes is the first
+    victim; a job idle on one of its nodes but busy on the other is not; nor is a busy one."""
+    start = TUESDAY_NOON - 3600
+    with running_api(settings, TUESDAY_NOON) as (api, _):
+        ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(PLAN)}, headers=ADMIN))
+        jobs = [("parked", ("h1",)), ("split", ("h2", "h3")), ("working", ("h4",))]
+        for job_id, hosts in jobs:
+            decided = _ask(api, _job(job_id, "vision", 8 * len(hosts), priority_class="non-preemptible"))
+            assert decided["verdict"] == "admit", decided
+            send_events(settings, _started(job_id, "vision", 8 * len(hosts), start, hosts))
+        service = api.app.state.admission  # type: ignore[attr-defined]
+        wait_until(lambda: all(service.state.jobs[j].started for j, _ in jobs), 30, "jobs seen running")
+
+        def samples(job: str, node: str, busy: bool) -> list[GpuSamples]:
+            gpus = tuple(GpuSample(gpu=g, utilization_bp=9_000 if busy else 40) for g in range(8))
+            return [
+                GpuSamples(event_id=sample_id(node, at, job), occurred_at=at, producer="test", node=node,
+                           job_id=job, interval_s=30, gpus=gpus)
+                for at in range(start + 30, start + 40 * 60 + 1, 30)
+            ]  # fmt: skip
+
+        records = [
+            *samples("parked", "h1", busy=False),
+            *samples("split", "h2", busy=False),
+            *samples("split", "h3", busy=True),
+            *samples("working", "h4", busy=True),
+        ]
+        producer = make_producer(settings.kafka_bootstrap_servers)
+        for record in records:
+            producer.send(settings.gpu_samples_topic, key=record.key, value=encode_gpu_samples(record))
+        producer.flush()
+        producer.close()
+        wait_until(lambda: service.state.jobs["parked"].idle_since is not None, 30, "the squatter seen idle")
+        plan = ok(api.post("/v1/preemption/plan", json={"cluster": "h100-a", "gpus": 8}, headers=SCHEDULER))
+    assert [(v["job_id"], v["code"]) for v in plan["victims"]] == [("parked", "squatting")]
+    assert service.state.jobs["parked"].idle_since == start  # idle from its first sample on
+    assert service.state.jobs["split"].idle_since is None and service.state.jobs["working"].idle_since is None
