@@ -615,7 +615,7 @@ class Demo:
         ended. Skipped without the recorded scrape (../shared/data/dcgm)."""
         from allmende.core.replay import make_producer
         from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher
-        from allmende.testing.dcgm_exporter import ExporterStandIn
+        from allmende.integrations.dcgm.stand_in import ExporterStandIn
 
         if not RECORDED_SCRAPE.exists():
             self.say(f"[dim]squatting: no recorded dcgm-exporter scrape at {RECORDED_SCRAPE}: skipped[/dim]")

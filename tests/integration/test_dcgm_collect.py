@@ -16,8 +16,8 @@ import pytest
 
 from allmende.core.kafka_local import free_port
 from allmende.core.settings import Settings
+from allmende.integrations.dcgm.stand_in import ExporterStandIn
 from allmende.schemas.gpu_samples import parse_gpu_samples
-from allmende.testing.dcgm_exporter import ExporterStandIn
 from allmende.testing.harness import read_topic
 
 pytestmark = pytest.mark.integration

@@ -20,11 +20,11 @@ from allmende.core.kafka_topics import ensure_topics
 from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
 from allmende.integrations.dcgm.collector import Collector, Target, kafka_publisher, records_of
+from allmende.integrations.dcgm.stand_in import ExporterStandIn
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import FinishStatus, JobEvent, JobFinished, JobStarted, JobSubmitted
 from allmende.schemas.gpu_samples import encode_gpu_samples
 from allmende.testing.budget_harness import ADMIN, ALICE, ok, plan_text, running_api
-from allmende.testing.dcgm_exporter import ExporterStandIn
 from allmende.testing.harness import MeterWorker, read_topic, send_events, wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN
 

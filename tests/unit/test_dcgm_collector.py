@@ -18,8 +18,8 @@ import pytest
 from allmende.core.kafka_local import free_port
 from allmende.integrations.dcgm.collector import Collector, Target
 from allmende.integrations.dcgm.scrape import parse_scrape
+from allmende.integrations.dcgm.stand_in import ExporterStandIn, respond
 from allmende.schemas.gpu_samples import GpuSamples, parse_gpu_samples
-from allmende.testing.dcgm_exporter import ExporterStandIn, respond
 
 DCGM = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dcgm"
 L4 = DCGM / "l4-gpu-operator.prom"

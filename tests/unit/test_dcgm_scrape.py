@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from allmende.integrations.dcgm.scrape import UTILIZATION, ScrapeError, parse_scrape
-from allmende.testing.dcgm_exporter import exporter_text as with_jobs
+from allmende.integrations.dcgm.stand_in import exporter_text as with_jobs
 
 DCGM = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "dcgm"
 L4 = DCGM / "l4-gpu-operator.prom"
