@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
+from pipeline_timing import until_complete  # bench/: beside this script
 
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_topics import ensure_topics
@@ -38,7 +39,7 @@ from allmende.core.trace_files import read_trace
 from allmende.domain.traces import TraceFormat
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.declared_plan import declare
-from allmende.testing.harness import MeterWorker, wait_until
+from allmende.testing.harness import MeterWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "elasticflow" / "raw-traces.tar.gz"
@@ -202,16 +203,9 @@ def main() -> None:
             posted[0] = writer.batches
             return store.total_gpu_seconds() == expected_gpu_seconds
 
-        try:
-            worker.wait_ready(120)
-            watch = CpuWatch([broker_pid, worker.proc.pid])
-            t0 = time.perf_counter()
-            wait_until(ledger_complete, 1800, "ledger", every=0.01)
-            e2e_s = time.perf_counter() - t0
-            e2e_cpu = watch.stop()
-        finally:
-            worker.kill()
-            writer.stop()
+        e2e_s, e2e_cpu = until_complete(
+            worker, writer, ledger_complete, lambda pids: CpuWatch([broker_pid, *pids]), "ledger"
+        )
         found = re.search(r"meter_loop .*policy=(\S+)", worker.log_path.read_text(errors="replace"))
         meter_loop = found.group(1) if found else "?"
         e2e_rate = events / e2e_s

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline_timing import until_complete  # bench/: beside this script
+
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.ledger_store import LedgerStore
@@ -32,7 +34,7 @@ from allmende.schemas.events import JobSubmitted, encode_event
 from allmende.schemas.gpu_samples import GpuSample, GpuSamples, encode_gpu_samples, sample_id
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.declared_plan import declare
-from allmende.testing.harness import MeterWorker, wait_until
+from allmende.testing.harness import MeterWorker
 
 INTERVAL_S = 30
 
@@ -103,18 +105,11 @@ def run_path(
         rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation")[0][0])
         if rows and not first_rows:
             first_rows.append(time.perf_counter())
+        if rows >= records:
+            first_rows.append(time.perf_counter())  # [first rows, all rows]
         return rows >= records
 
-    try:
-        worker.wait_ready(120)
-        watch = cpu([worker.proc.pid])
-        t0 = time.perf_counter()
-        wait_until(complete, 1800, "every row in the ledger", every=0.01)
-        took = time.perf_counter() - t0
-        other = watch.stop()
-    finally:
-        worker.kill()
-        writer.stop()
+    took, other = until_complete(worker, writer, complete, cpu, "every row in the ledger")
     rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation FINAL")[0][0])
     assert rows == records, f"{rows} rows for {records} records"
     print(
@@ -122,7 +117,7 @@ def run_path(
         f"records/s ({took:.2f} s from the worker's ready); rows {rows:,} == records; "
         f"CPU meanwhile: {other}"
     )
-    steady = t0 + took - first_rows[0] if first_rows else took
+    steady = first_rows[-1] - first_rows[0]
     print(
         f"  from the first rows in the ledger to the last: {samples / steady:,.0f} samples/s ({steady:.2f} s)"
     )

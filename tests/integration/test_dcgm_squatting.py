@@ -8,12 +8,15 @@ submission is judged once it comes; bad sample records are dead-lettered."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from kafka import KafkaProducer
 
 from allmende.core.kafka_local import free_port
 from allmende.core.kafka_topics import ensure_topics
@@ -57,26 +60,18 @@ def _lifecycle(job: str, user: str, start: int, end: int | None) -> list[JobEven
 def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_hours_not_its_neighbour(
     settings: Settings, tmp_path: Path
 ) -> None:
-    ensure_topics(settings)
-    producer = make_producer(settings.kafka_bootstrap_servers)
-    now = [float(START)]
     end = START + 30 * ROUNDS
     with (
         ExporterStandIn(L4.read_text(), 10, busy_pct=91, idle_pct=1, free_pct=40) as node,
         running_api(settings, Q1_2027 + DAY) as (api, clock),
+        _collecting(settings, node.url, "gpu-a01", 30) as (collector, _, now),
     ):
         # GPUs 0-3 the idle job's, 4-7 the busy one's, 8-9 nobody's but busy (unaccounted use)
         node.jobs = {gpu: ["parked"] if gpu < 4 else ["busy"] if gpu < 8 else [] for gpu in range(10)}
         node.idle_jobs = {"parked"}
-        collector = Collector(
-            [Target(node.url, "gpu-a01")], interval_s=30, timeout_s=5,
-            publish=kafka_publisher(producer, settings.gpu_samples_topic, 30), clock=lambda: now[0],
-        )  # fmt: skip
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
         clock.now = end + 600
-        meter = MeterWorker(settings, tmp_path / "logs")
-        try:
-            meter.wait_ready()
+        with _metering(settings, tmp_path):
             send_events(
                 settings, _lifecycle("parked", "squatter", START, end) + _lifecycle("busy", "ada", START, end)
             )
@@ -95,10 +90,6 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
             rows = wait_until(flagged, 120, "the idle job flagged for 45 minutes")
             overview = ok(api.get("/v1/dashboard/overview", headers=ADMIN))
             lead_overview = ok(api.get("/v1/dashboard/overview", headers=ALICE))
-        finally:
-            meter.kill()
-            collector.close()
-            producer.close(timeout=5)
     assert [r["job_id"] for r in rows] == ["parked"]  # the busy neighbour is not
     parked = rows[0]
     assert parked["user"] == "squatter" and parked["cluster"] == "h100-a"
@@ -116,27 +107,16 @@ def test_a_job_idle_for_45_minutes_by_its_gpus_samples_is_flagged_with_its_gpu_h
 def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
     settings: Settings, tmp_path: Path
 ) -> None:
-    ensure_topics(settings)
-    producer = make_producer(settings.kafka_bootstrap_servers)
-    now = [float(START)]
     with (
         ExporterStandIn(L4.read_text(), 8, idle_pct=0) as node,
-        running_api(settings, Q1_2027 + DAY) as (
-            api,
-            clock,
-        ),
+        running_api(settings, Q1_2027 + DAY) as (api, clock),
+        _collecting(settings, node.url, "gpu-a02", 60) as (collector, producer, now),
     ):
         node.jobs = {gpu: ["early"] for gpu in range(8)}
         node.idle_jobs = {"early"}
-        collector = Collector(
-            [Target(node.url, "gpu-a02")], interval_s=60, timeout_s=5,
-            publish=kafka_publisher(producer, settings.gpu_samples_topic, 30), clock=lambda: now[0],
-        )  # fmt: skip
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
         clock.now = START + 7200
-        meter = MeterWorker(settings, tmp_path / "logs", metrics_port=free_port())
-        try:
-            meter.wait_ready()
+        with _metering(settings, tmp_path, metrics_port=free_port()) as meter:
             for k in range(1, 46):  # 45 minutes of 8 idle GPUs, the job unknown yet
                 now[0] = START + 60 * k
                 collector.round()
@@ -157,10 +137,6 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
                 return rows
 
             rows = wait_until(flagged, 120, "the held samples attributed and judged")
-        finally:
-            meter.kill()
-            collector.close()
-            producer.close(timeout=5)
     assert [r["job_id"] for r in rows] == ["early"]
     letters = [DeadLetter.model_validate_json(v) for v in read_topic(settings, settings.dead_letter_topic, 3)]
     assert (
@@ -170,6 +146,35 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
     assert any("is not the record's" in d.reason for d in letters)
     assert (Decimal(rows[0]["idle_hours"]), Decimal(rows[0]["idle_gpu_hours"])) == (Decimal("0.75"), 6)
     assert rows[0]["ongoing"] is True and Decimal(rows[0]["gpu_hours"]) == 0  # running: nothing charged yet
+
+
+@contextmanager
+def _collecting(
+    settings: Settings, url: str, node: str, interval_s: int
+) -> Iterator[tuple[Collector, KafkaProducer, list[float]]]:
+    """A collector of one exporter publishing to the broker, on a clock the test sets (`now[0]`)."""
+    ensure_topics(settings)
+    producer = make_producer(settings.kafka_bootstrap_servers)
+    now = [float(START)]
+    collector = Collector(
+        [Target(url, node)], interval_s=interval_s, timeout_s=5,
+        publish=kafka_publisher(producer, settings.gpu_samples_topic, 30), clock=lambda: now[0],
+    )  # fmt: skip
+    try:
+        yield collector, producer, now
+    finally:
+        collector.close()
+        producer.close(timeout=5)
+
+
+@contextmanager
+def _metering(settings: Settings, tmp_path: Path, metrics_port: int = 0) -> Iterator[MeterWorker]:
+    meter = MeterWorker(settings, tmp_path / "logs", metrics_port=metrics_port)
+    try:
+        meter.wait_ready()
+        yield meter
+    finally:
+        meter.kill()
 
 
 def producer_value(collector: Collector, job: str) -> bytes:
