@@ -15,7 +15,8 @@ Then it submits a small mixed workload with sbatch and srun (in budget; opportun
 when a time-slice project needs the GPUs; interactive; over budget and refused; two jobs on a
 node that is drained; a job squatting its GPUs, seen idle through an exporter stand-in and the
 collector, flagged on the squatting page) and prints, per job, what the platform decided, how
-Slurm ended it and what the ledger charged against what `sacct` accounts. Everything stops at the end unless `--keep`.
+Slurm ended it and what the ledger charged against what `sacct` accounts. Everything stops at the
+end unless `--keep`.
 
 The API process is `allmende.topology.create_app` as `allmende serve` runs it, plus one read-only
 route of the demo's own (`GET /demo/ledger`, admin token): the ledger's GPU-seconds per job and
