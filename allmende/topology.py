@@ -259,6 +259,7 @@ def meter_env(settings: Settings) -> dict[str, str]:
         "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
         "ALLMENDE_CLOCK_SKEW_S": str(settings.clock_skew_s),
         "ALLMENDE_ENDED_JOB_RETENTION_S": str(settings.ended_job_retention_s),
+        "ALLMENDE_METER_GPU_SAMPLES": str(settings.meter_gpu_samples).lower(),
         "ALLMENDE_LOG_LEVEL": "INFO",
         "ALLMENDE_LOG_JSON": "false",
     }

@@ -62,7 +62,7 @@ def run_path(
         kafka_bootstrap_servers=bootstrap, clickhouse_dsn=f"chdb://{work / 'chdb'}", clickhouse_database=tag,
         topic_prefix=tag, topic_partitions=args.partitions, meter_app_id=f"{tag}-meter",
         meter_data_dir=work / tag / "faust", writer_group=f"{tag}-writer", log_json=False,
-        log_level="WARNING", meter_loop=args.loop,
+        log_level="WARNING", meter_loop=args.loop, meter_gpu_samples=True,
     )  # fmt: skip
     ensure_topics(settings)
     declare(settings, jobs)

@@ -377,12 +377,11 @@ def create_app(settings: Settings) -> faust.App:
     # One agent reads the job events and the GPU samples (issue 24): both keyed by job id with
     # the same partitions, so a job's samples reach the worker holding its state, and a batch's
     # JobSubmitted attributes the samples beside it.
+    sources = [settings.job_events_topic]
+    if settings.meter_gpu_samples:  # ALLMENDE_METER_GPU_SAMPLES: off by default (settings.py says why)
+        sources.append(settings.gpu_samples_topic)
     job_records = app.topic(
-        settings.job_events_topic,
-        settings.gpu_samples_topic,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=settings.topic_partitions,
+        *sources, key_serializer="raw", value_serializer="raw", partitions=settings.topic_partitions
     )
     ledger_entries = app.topic(
         settings.ledger_entries_topic,

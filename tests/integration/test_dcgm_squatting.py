@@ -169,7 +169,9 @@ def _collecting(
 
 @contextmanager
 def _metering(settings: Settings, tmp_path: Path, metrics_port: int = 0) -> Iterator[MeterWorker]:
-    meter = MeterWorker(settings, tmp_path / "logs", metrics_port=metrics_port)
+    meter = MeterWorker(
+        settings.model_copy(update={"meter_gpu_samples": True}), tmp_path / "logs", metrics_port=metrics_port
+    )
     try:
         meter.wait_ready()
         yield meter
