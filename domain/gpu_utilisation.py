@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from allmende.domain.squatting import JobTotals, UsagePiece
-from allmende.schemas.gpu_samples import GpuSamples
+from allmende.schemas.gpu_samples import FULL_BP, MAX_GPUS_PER_NODE, GpuSamples
 
-LOW_CAP_BP = 2_500  # as `low_pieces` (core/ledger_store.LOW_UTILIZATION_CAP_BP)
+LOW_CAP_BP = 2_500  # the squatting cap: `low_pieces` keeps the ledger's pieces under it too
 UTILISATION_KEY = "utilisation"  # the ledger-entry record holding rows: {"utilisation": [row, ...]}
 UNACCOUNTED_KEY = "unaccounted"  # and, beside them, GPUs busy with no job: {"unaccounted": [row, ...]}
 
@@ -39,9 +39,6 @@ class UtilisationRow(NamedTuple):
     end: int
     gpus: int
     utilization_bp: int
-
-    def attributed(self, project: str, user: str, cluster: str) -> UtilisationRow:
-        return self._replace(project=project, user=user, cluster=cluster)
 
 
 def mean_bp(record: GpuSamples) -> int:
@@ -113,7 +110,11 @@ def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
         if not isinstance(item, list) or tuple(map(type, item)) != _TYPES:
             raise ValueError(f"not a utilisation row: {str(item)[:200]}")
         row = UtilisationRow(*item)
-        if not (0 <= row.start < row.end and 0 < row.gpus <= 64 and 0 <= row.utilization_bp < LOW_CAP_BP):
+        if not (
+            0 <= row.start < row.end
+            and 0 < row.gpus <= MAX_GPUS_PER_NODE
+            and 0 <= row.utilization_bp < LOW_CAP_BP
+        ):
             raise ValueError(f"utilisation row out of range: {str(item)[:200]}")
         rows.append(row)
     unaccounted = []
@@ -121,7 +122,11 @@ def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
         if not isinstance(item, list) or tuple(map(type, item)) != _UNACCOUNTED_TYPES:
             raise ValueError(f"not an unaccounted-use row: {str(item)[:200]}")
         other = UnaccountedRow(*item)
-        if not (0 <= other.start < other.end and 0 < other.gpus <= 64 and 0 < other.utilization_bp <= 10_000):
+        if not (
+            0 <= other.start < other.end
+            and 0 < other.gpus <= MAX_GPUS_PER_NODE
+            and 0 < other.utilization_bp <= FULL_BP
+        ):
             raise ValueError(f"unaccounted-use row out of range: {str(item)[:200]}")
         unaccounted.append(other)
     return rows, unaccounted

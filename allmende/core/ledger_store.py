@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
-from allmende.domain.gpu_utilisation import UnaccountedRow, UtilisationRow
+from allmende.domain.gpu_utilisation import LOW_CAP_BP, UnaccountedRow, UtilisationRow
 from allmende.domain.postings import Posting, PostingKind
 from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
 from allmende.schemas.events import JobPreempted
 from allmende.schemas.ledger import LedgerEntry
 
 _UNACCOUNTED_COLUMNS = ("node", "piece_start", "piece_end", "gpus", "utilization_bp")
+# In the rows' own field order (UtilisationRow, UnaccountedRow): inserted as they are.
 _UTILISATION_COLUMNS = (
-    "project", "job_id", "node", "piece_end", "piece_start", "gpus", "utilization_bp", "user", "cluster",
+    "project", "user", "cluster", "job_id", "node", "piece_start", "piece_end", "gpus", "utilization_bp",
 )  # fmt: skip
 _POSTING_COLUMNS = (
     "posting_id",
@@ -73,7 +74,7 @@ _LOW_KEYS = "project, job_id, piece_start, piece_end, entry_id, utilization_bp, 
 _SUMS = "sum(gpu_seconds), sum(charge_units), sum(idle_units)"
 _USAGE = "FROM {db}.ledger_postings WHERE kind != 'revision'"
 # Pieces under this utilisation are kept apart for squatting (`low_pieces`, migration 0008).
-LOW_UTILIZATION_CAP_BP = 2_500
+LOW_UTILIZATION_CAP_BP = LOW_CAP_BP  # the squatting cap (domain/gpu_utilisation.py): one number
 # The ledger's horizon from its postings (`ledger_horizon`, migration 0006).
 _HORIZON = "maxIf(piece_end, kind = 'usage'), maxIf(interval_end, kind != 'revision')"
 # Each projection the materialized views keep beside the postings: (what reconcile sums in it,
@@ -198,17 +199,10 @@ class LedgerStore:
         """GPU utilisation rows and unaccounted use (domain/gpu_utilisation.py): an INSERT each;
         idempotent (keyed)."""
         if unaccounted:
-            self.db.insert("gpu_unaccounted", [tuple(r) for r in unaccounted], _UNACCOUNTED_COLUMNS)
+            self.db.insert("gpu_unaccounted", unaccounted, _UNACCOUNTED_COLUMNS)
         if not rows:
             return
-        self.db.insert(
-            "gpu_utilisation",
-            [
-                (r.project, r.job_id, r.node, r.end, r.start, r.gpus, r.utilization_bp, r.user, r.cluster)
-                for r in rows
-            ],
-            _UTILISATION_COLUMNS,
-        )
+        self.db.insert("gpu_utilisation", rows, _UTILISATION_COLUMNS)
         if self._sole_writer:
             self._note_idle({(r.project, r.job_id): True for r in rows})
 
