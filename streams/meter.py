@@ -50,6 +50,7 @@ from allmende.core.metrics import (
     METER_LAG_RECORDS,
     METER_LATE_EVENTS,
     METER_RETIRED_JOBS,
+    METER_SKIPPED_GAPS,
     register,
 )
 from allmende.core.settings import Settings
@@ -69,6 +70,7 @@ from allmende.schemas.events import ContractError, JobEvent, JobSubmitted, parse
 from allmende.schemas.gpu_samples import parse_gpu_samples
 from allmende.schemas.ledger import LedgerEntry, encode_entries, encode_retired
 from allmende.streams.admin_log import AdminLog
+from allmende.streams.offset_continuity import OffsetContinuity
 
 log = structlog.get_logger(__name__)
 
@@ -407,8 +409,11 @@ def create_app(settings: Settings) -> faust.App:
     plan = _Plan(settings)
     retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
 
+    continuity: OffsetContinuity[TP] = OffsetContinuity()
+
     async def _assigned(sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
         retirement.indexed = False  # the table changes with the assignment: index it again
+        continuity.forget()  # a partition handed back may start where another worker committed
 
     app.on_partitions_assigned.connect(_assigned)
 
@@ -562,9 +567,31 @@ def create_app(settings: Settings) -> faust.App:
                 if not changelog_known:  # events flow once the table has declared its changelog topic
                     await _producer_knows(app, meters.changelog_topic.get_topic_name())
                     changelog_known = True
-                await meter_batch(batch)
+                kept, gaps = continuity.admit((e.message.tp, e.message.offset) for e in batch)
+                if gaps:
+                    await seek_back(gaps)
+                in_order = [event for event, keep in zip(batch, kept, strict=True) if keep]
+                if in_order:
+                    await meter_batch(in_order)
             except Exception as exc:
                 _end_before_acks(exc, batch)
+
+    async def seek_back(gaps: dict[TP, int]) -> None:
+        """Seek each partition back to the first record the consumer skipped (streams/
+        offset_continuity.py), or to the earliest the broker still holds if retention took it."""
+        earliest = await app.consumer.earliest_offsets(*gaps)
+        for tp, missing in gaps.items():
+            target = max(missing, earliest.get(tp) or 0)
+            METER_SKIPPED_GAPS.inc()
+            log.warning(
+                "meter_records_skipped",
+                topic=tp.topic,
+                partition=tp.partition,
+                first_missing=missing,
+                seek_to=target,
+            )
+            await app.consumer.seek(tp, target)
+            continuity.expected[tp] = target
 
     async def meter_batch(batch: list[EventT[bytes]]) -> None:
         """Give every event of the batch its fate (counted or dead-lettered) and make it durable.

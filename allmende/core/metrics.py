@@ -65,6 +65,11 @@ METER_LATE_EVENTS = _counter(
     "allmende_meter_late_events_total",
     "Events of a job with no meter state, older than the retention behind their partition (dead-lettered)",
 )
+METER_SKIPPED_GAPS = _counter(
+    "allmende_meter_skipped_gaps_total",
+    "Times the consumer handed the meter records past ones it skipped; the partition was sought back"
+    " (streams/offset_continuity.py)",
+)
 METER_GPU_SAMPLES = _counter(
     "allmende_meter_gpu_samples_total",
     "GPU sample records metered, by what they made: idle (a utilisation row), busy, no-job"
@@ -213,6 +218,7 @@ METER = (
     METER_LAG_RECORDS,
     METER_RETIRED_JOBS,
     METER_LATE_EVENTS,
+    METER_SKIPPED_GAPS,
     METER_GPU_SAMPLES,
 )
 WRITER = (
