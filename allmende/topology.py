@@ -45,8 +45,10 @@ from allmende.services.admission_service import AdmissionService
 from allmende.services.api.app import build_api
 from allmende.services.api.auth import TokenBook
 from allmende.services.api.dashboard_views import DashboardViews
+from allmende.services.api.oidc import IdentityProvider
 from allmende.services.burn_alerts import BurnAlerter
 from allmende.services.dashboard_queries import DashboardQueries
+from allmende.services.web.oidc_signin import PendingSignIns
 from allmende.streams.admin_log import AdminLog
 from allmende.streams.decision_writer import DecisionWriter
 from allmende.streams.fairshare_calculator import FairShareCalculator
@@ -310,6 +312,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ):
                 setattr(app.state, name, getattr(components, name))
             app.state.ticket_key, app.state.ticket_ttl_s = s.ticket_key(), s.admission_ticket_ttl_s
+            # Sign-in through the organisation's IdP (docs/auth.md): its keys fetched when first needed.
+            app.state.settings = s
+            app.state.idp = IdentityProvider(s) if s.oidc_issuer else None
+            app.state.pending_signins = PendingSignIns()
             yield
 
     return build_api(lifespan)

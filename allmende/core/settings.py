@@ -74,6 +74,24 @@ class Settings(BaseSettings):
     # at once (the oldest go first). A restart of the API signs everyone out.
     session_ttl_s: int = Field(default=8 * 3600, ge=60, le=30 * 86_400)
     session_max: int = Field(default=10_000, ge=1, le=1_000_000)
+    # Sign-in through the organisation's identity provider (docs/auth.md); off while no issuer.
+    # The pages use the authorization code flow with PKCE as this client; the API also takes the
+    # issuer's access tokens (Bearer) whose audience is `oidc_audience`. Who is what comes from one
+    # claim (a dotted path, e.g. `realm_access.roles`): a value among `oidc_admin_values` makes an
+    # admin, one matching `oidc_lead_pattern` (`{node}`: a project or group id) a lead of that node.
+    oidc_issuer: str = ""
+    oidc_client_id: str = "allmende-pages"
+    oidc_client_secret: str = ""
+    oidc_audience: str = "allmende-api"
+    oidc_roles_claim: str = "groups"
+    oidc_admin_values: str = "/allmende-admins"
+    oidc_lead_pattern: str = "/leads/{node}"
+    oidc_name_claim: str = "preferred_username"
+    oidc_scopes: str = "openid profile email"
+    oidc_clock_skew_s: int = Field(default=30, ge=0, le=600)  # a token's exp/iat/nbf, this much either way
+    # Where the browser reaches the API (the redirect URI's base) when a proxy hides it; by default
+    # the request's own base URL.
+    public_url: str = ""
     # How often the API looks for allocations whose period has ended (expiry, rollover).
     expiry_check_s: float = Field(default=60.0, gt=0)
     # An allocation expires this long after its period ends, and only once the ledger has caught

@@ -22,10 +22,24 @@ from allmende.domain.organisation import path_to_root
 from allmende.services.api.auth import Principal
 
 
+def led_nodes(state: AdminState, principal: Principal) -> set[str]:
+    """The declared nodes a lead leads: those whose plan names them, and those the identity
+    provider's claims give them (Principal.led)."""
+    if principal.role != "lead":
+        return set()
+    return {
+        n.node_id for n in state.nodes.values() if principal.name in n.leads or n.node_id in principal.led
+    }
+
+
 def may_read(state: AdminState, principal: Principal, project: str) -> bool:
-    return principal.role == "admin" or (
-        principal.role == "lead" and principal.name in state.leads_of(project)
-    )
+    if principal.role == "admin":
+        return True
+    if principal.role != "lead":
+        return False
+    if principal.name in state.leads_of(project):
+        return True
+    return bool(principal.led) and bool(principal.led.intersection(path_to_root(state.nodes, project)))
 
 
 def readable_projects(state: AdminState, principal: Principal, with_usage: Iterable[str] = ()) -> list[str]:
@@ -42,9 +56,9 @@ def own_nodes(state: AdminState, principal: Principal) -> set[str]:
     lead and their subtrees; nothing for anyone else."""
     if principal.role == "admin":
         return set(state.nodes)
-    if principal.role != "lead":
+    led = led_nodes(state, principal)
+    if not led:
         return set()
-    led = {n.node_id for n in state.nodes.values() if principal.name in n.leads}
     return {node for node in state.nodes if led.intersection(path_to_root(state.nodes, node))}
 
 

@@ -26,6 +26,7 @@ from allmende.services.api.routes_balance import router as balance_router
 from allmende.services.api.routes_dashboard import router as dashboard_router
 from allmende.services.api.routes_fairshare import router as fairshare_router
 from allmende.services.api.routes_usage import router as usage_router
+from allmende.services.web.oidc_signin import router as oidc_router
 from allmende.services.web.routes import router as web_router
 from allmende.streams.admin_log import NotRecorded
 
@@ -53,6 +54,7 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
     app.include_router(fairshare_router)
     app.include_router(dashboard_router)
     app.include_router(web_router)
+    app.include_router(oidc_router)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", response_model=Health, tags=["ops"])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from allmende.core.settings import Settings
@@ -31,10 +32,17 @@ _bearer = HTTPBearer(auto_error=False, description="an admin, project-lead or sc
 SESSION_COOKIE = "allmende_session"  # the browser pages' session id (HttpOnly, SameSite=Strict)
 
 
+class TokenRejected(Exception):
+    """A token that does not prove who sent it; the message says why (for a 401)."""
+
+
 @dataclass(frozen=True)
 class Principal:
     name: str
     role: Role
+    # Nodes (projects, groups) led by the identity provider's say (services/api/oidc.py), beside
+    # those whose plan names this lead.
+    led: frozenset[str] = frozenset()
 
 
 def parse_tokens(spec: str, default_name: str) -> list[tuple[str, str]]:
@@ -61,15 +69,16 @@ class Sessions:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.clock = clock
-        self._open: dict[str, tuple[Principal, float]] = {}  # digest -> (who, expires); oldest first
+        # digest -> (who, expires, the IdP's ID token for its sign-out); oldest first
+        self._open: dict[str, tuple[Principal, float, str | None]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
     def _key(session_id: str) -> str:
         return hashlib.sha256(session_id.encode()).hexdigest()
 
-    def open(self, principal: Principal) -> str:
-        """A new session for `principal`; its id, for the cookie."""
+    def open(self, principal: Principal, id_token: str | None = None) -> str:
+        """A new session for `principal` (signed in through the IdP: with its ID token); its id."""
         session_id = secrets.token_urlsafe(32)
         now = self.clock()
         with self._lock:
@@ -77,7 +86,7 @@ class Sessions:
                 self._open = {k: v for k, v in self._open.items() if v[1] > now}
             while len(self._open) >= self.max_sessions:
                 del self._open[next(iter(self._open))]
-            self._open[self._key(session_id)] = (principal, now + self.ttl_s)
+            self._open[self._key(session_id)] = (principal, now + self.ttl_s, id_token)
         return session_id
 
     def who(self, session_id: str) -> Principal | None:
@@ -94,10 +103,11 @@ class Sessions:
                 return None
             return found[0]
 
-    def close(self, session_id: str) -> bool:
-        """End the session (sign-out); whether it was open."""
+    def close(self, session_id: str) -> tuple[bool, str | None]:
+        """End the session (sign-out): whether it was open, and the IdP's ID token it held."""
         with self._lock:
-            return self._open.pop(self._key(session_id), None) is not None
+            found = self._open.pop(self._key(session_id), None)
+        return (False, None) if found is None else (True, found[2])
 
     def __len__(self) -> int:
         return len(self._open)
@@ -132,12 +142,12 @@ def principal_of(request: Request) -> Principal | None:
     return book.sessions.who(session) if session else None
 
 
-def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+async def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
     book: TokenBook = request.app.state.tokens
     if credentials is not None:
         principal = book.who(credentials.credentials)
         if principal is None:
-            raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
+            principal = await _idp_principal(request, credentials.credentials)
         return principal
     session = request.cookies.get(SESSION_COOKIE)
     if not session:
@@ -154,18 +164,32 @@ def _who(request: Request, credentials: HTTPAuthorizationCredentials | None) -> 
     return principal
 
 
+async def _idp_principal(request: Request, token: str) -> Principal:
+    """The principal an access token of the organisation's identity provider proves (401 if none)."""
+    idp = getattr(request.app.state, "idp", None)  # services/api/oidc.py's IdentityProvider
+    if idp is None or not idp.may_have_issued(token):
+        raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
+    try:  # a key id not cached fetches the IdP's keys: off the event loop
+        principal: Principal = await run_in_threadpool(idp.bearer_principal, token)
+    except TokenRejected as exc:
+        raise HTTPException(401, str(exc), {"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+    except PermissionError as exc:
+        raise HTTPException(403, str(exc)) from None
+    return principal
+
+
 # One dependency per role, each on the bearer scheme directly: FastAPI solves every level of a
 # dependency chain per request, and the scheduler calls once per job.
 async def _principal(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    return _who(request, credentials)
+    return await _who(request, credentials)
 
 
 async def _reader(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    principal = _who(request, credentials)
+    principal = await _who(request, credentials)
     if principal.role not in ("admin", "lead"):
         raise HTTPException(403, f"{principal.name} is neither an admin nor a project lead")
     return principal
@@ -174,7 +198,7 @@ async def _reader(
 async def _admin(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    principal = _who(request, credentials)
+    principal = await _who(request, credentials)
     if principal.role != "admin":
         raise HTTPException(403, f"{principal.name} is not an admin")
     return principal
@@ -183,7 +207,7 @@ async def _admin(
 async def _scheduler(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    principal = _who(request, credentials)
+    principal = await _who(request, credentials)
     if principal.role not in ("scheduler", "admin"):
         raise HTTPException(403, f"{principal.name} is not the scheduler (nor an admin)")
     return principal
@@ -192,7 +216,7 @@ async def _scheduler(
 async def _submitter(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    principal = _who(request, credentials)
+    principal = await _who(request, credentials)
     if principal.role not in ("scheduler", "admin", "submitter"):
         raise HTTPException(403, f"{principal.name} may not ask for admission")
     return principal

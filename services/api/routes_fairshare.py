@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from allmende.domain.admin_state import AdminState
 from allmende.schemas.fairshare import FairShareRecord
+from allmende.services.api.access import led_nodes
 from allmende.services.api.auth import Caller, Principal
 from allmende.services.api.models import ErrorBody
 from allmende.streams.fairshare_calculator import FairShareCalculator
@@ -115,7 +116,7 @@ def visible_nodes(
     if caller.role != "lead":
         return []
     parents = {r.node_id: r.parent_id for r in records}
-    led = {n.node_id for n in state.nodes.values() if caller.name in n.leads}
+    led = led_nodes(state, caller)
 
     def path(node: str) -> list[str]:
         found: list[str] = []

@@ -24,6 +24,7 @@ from allmende.schemas.events import valid_name
 from allmende.services.api.access import readable_projects, require_project
 from allmende.services.api.auth import SESSION_COOKIE, Principal, TokenBook, principal_of
 from allmende.services.web.assets import ECHARTS, STATIC
+from allmende.services.web.oidc_signin import end_session_url
 
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 MAX_FORM_BYTES = 8192
@@ -49,7 +50,7 @@ def _to_signin() -> RedirectResponse:
     return RedirectResponse("/ui/signin", status_code=303)
 
 
-def _page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+def page(request: Request, name: str, status: int = 200, **context: Any) -> Response:
     return templates.TemplateResponse(
         request, name, context, status_code=status, headers={"Cache-Control": "no-store"}
     )
@@ -62,7 +63,7 @@ def _period_of(request: Request) -> str:
 
 @router.get("/signin")
 async def signin_form(request: Request) -> Response:
-    return _page(request, "signin.html", title="Sign in", message=None)
+    return page(request, "signin.html", title="Sign in", message=None)
 
 
 @router.post("/signin")
@@ -79,7 +80,7 @@ async def signin(request: Request) -> Response:
             else f"{principal.name}'s token is a {principal.role} token: the dashboards are for admins and "
             "project leads."
         )
-        return _page(request, "signin.html", status=401, title="Sign in", message=message)
+        return page(request, "signin.html", status=401, title="Sign in", message=message)
     if previous := request.cookies.get(SESSION_COOKIE):
         book.sessions.close(previous)  # signing in again replaces the session, never adds one
     response = RedirectResponse("/ui", status_code=303)
@@ -98,9 +99,12 @@ async def signin(request: Request) -> Response:
 @router.api_route("/signout", methods=["GET", "POST"])
 async def signout(request: Request) -> Response:
     book: TokenBook = request.app.state.tokens
+    id_token = None
     if session := request.cookies.get(SESSION_COOKIE):
-        book.sessions.close(session)  # the id is worthless from here on, whoever copied it
-    response = _to_signin()
+        _, id_token = book.sessions.close(session)  # the id is worthless from here on, whoever copied it
+    # Signed in through the IdP: sign out there too (RP-initiated logout), back to the sign-in page.
+    end = await end_session_url(request, id_token) if id_token else None
+    response = RedirectResponse(end, status_code=303) if end else _to_signin()
     response.delete_cookie(
         SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
     )
@@ -116,7 +120,7 @@ async def home(request: Request) -> Response:
         return RedirectResponse("/ui/overview", status_code=303)
     projects = readable_projects(_admin_state(request), principal)
     if not projects:
-        return _page(
+        return page(
             request, "message.html", title="No projects", principal=principal,
             heading="No projects yet",
             sentence=f"{principal.name} leads no project of the current plan.",
@@ -129,7 +133,7 @@ async def overview(request: Request) -> Response:
     principal = _reader(request)
     if principal is None:
         return _to_signin()
-    return _page(
+    return page(
         request, "overview.html", title="Overview", principal=principal,
         boot=json.dumps({"page": "overview", "period": _period_of(request)}),
     )  # fmt: skip
@@ -144,7 +148,7 @@ async def project_page(request: Request, project: str) -> Response:
     try:
         valid_name(project)
     except ValueError as invalid:
-        return _page(
+        return page(
             request, "message.html", status=404, title="No such project", principal=principal,
             heading="No such project", sentence=f"{invalid}.",
         )  # fmt: skip
@@ -158,11 +162,11 @@ async def project_page(request: Request, project: str) -> Response:
         else:
             heading = "No such project"
             sentence = f"There is no project {project} in the plan."
-        return _page(
+        return page(
             request, "message.html", status=refused.status_code, title=heading, principal=principal,
             heading=heading, sentence=sentence,
         )  # fmt: skip
-    return _page(
+    return page(
         request, "project.html", title=project, principal=principal, project=project,
         boot=json.dumps({"page": "project", "project": project, "period": _period_of(request)}),
     )  # fmt: skip

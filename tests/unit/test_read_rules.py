@@ -140,9 +140,9 @@ def test_a_session_is_an_opaque_id_that_names_who_signed_in_until_it_expires() -
 def test_signing_out_ends_the_session_and_only_that_one() -> None:
     sessions = Sessions(ttl_s=3600, max_sessions=10, clock=Clock())
     mine, other = sessions.open(ALICE), sessions.open(ADMIN)
-    assert sessions.close(mine) is True
+    assert sessions.close(mine) == (True, None)
     assert sessions.who(mine) is None and sessions.who(other) == ADMIN
-    assert sessions.close(mine) is False
+    assert sessions.close(mine) == (False, None)
 
 
 def test_sessions_are_bounded_expired_ones_first_then_the_oldest() -> None:
