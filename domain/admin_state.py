@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 
+from allmende.domain.allocation_requests import AllocationRequest
 from allmende.domain.allocations import Allocation, rollover_successor
 from allmende.domain.charging import ChargePolicy, PolicyInvalid, PolicyTimeline, flat_policy
 from allmende.domain.organisation import ROOT, Cluster, Node, TreeInvalid, check_node
@@ -29,7 +30,10 @@ from allmende.schemas.admin_events import (
     AgreementRevoked,
     AllocationAdjusted,
     AllocationExpired,
+    AllocationExtended,
     AllocationGranted,
+    AllocationRequestDecided,
+    AllocationRequested,
     AllocationTransferred,
     ClusterDeclared,
     DisputeResolved,
@@ -166,6 +170,8 @@ class AdminState:
     revoked: dict[str, AgreementRevoked] = field(default_factory=dict)
     # Disputed usage per job: raised, and how it was resolved (None: not yet).
     disputes: dict[str, Dispute] = field(default_factory=dict)
+    # Leads' requests for more (domain/allocation_requests.py), with their decisions.
+    requests: dict[str, AllocationRequest] = field(default_factory=dict)
     history: list[AdminEvent] = field(default_factory=list)
     by_id: dict[str, AdminEvent] = field(default_factory=dict)  # every event applied, by id
     # Built from `agreements` on first use after a change: admission asks on every request.
@@ -246,6 +252,15 @@ class AdminState:
                 held = self.disputes.get(event.job_id)
                 if held is not None and held.resolved is None:
                     self.disputes[event.job_id] = Dispute(held.raised, event)
+            case AllocationExtended():
+                a = self.allocations[event.allocation_id]
+                self.allocations[a.allocation_id] = a.with_event(event.event_id, end=event.period_end)
+            case AllocationRequested():
+                self.requests.setdefault(event.request_id, AllocationRequest(event))
+            case AllocationRequestDecided():
+                asked = self.requests.get(event.request_id)
+                if asked is not None and asked.decided is None:
+                    self.requests[event.request_id] = AllocationRequest(asked.asked, event)
 
     @classmethod
     def of(cls, events: Iterable[AdminEvent]) -> AdminState:
@@ -312,6 +327,11 @@ class AdminState:
                 case UsageDisputed() | DisputeResolved():
                     held = self.disputes.get(e.job_id)
                     return held is not None and held.raised.project == project
+                case AllocationExtended():
+                    return e.allocation_id in mine
+                case AllocationRequested() | AllocationRequestDecided():
+                    asked = self.requests.get(e.request_id)
+                    return asked is not None and asked.project == project
             return False
 
         return [e for e in self.history if touches(e)]
@@ -398,6 +418,12 @@ class AdminState:
                         f"the dispute of job {event.job_id} was resolved ({dispute.resolved.action}) "
                         f"by {dispute.resolved.actor}"
                     )
+            case AllocationExtended():
+                self._check_extension(event.allocation_id, event.period_end)
+            case AllocationRequested():
+                self._check_request(event)
+            case AllocationRequestDecided():
+                self._check_decision(event)
 
     def _open_allocation(self, allocation_id: str) -> Allocation:
         a = self.allocations.get(allocation_id)
@@ -451,6 +477,52 @@ class AdminState:
                     f"allocation {event.allocation_id}: cluster {cluster.cluster} has {cluster.gpu_type} "
                     f"GPUs, not {event.gpu_type}"
                 )
+
+    def _check_request(self, event: AllocationRequested) -> None:
+        if event.request_id in self.requests:
+            raise Conflict(f"request {event.request_id} exists")
+        self._require_project(event.project)
+        if not event.reason.strip():
+            raise InvalidChange("a request needs a reason: what the GPU-hours are for")
+        match event.kind:
+            case "gpu-hours":
+                if event.amount_units <= 0 or event.period_start is None or event.period_end is None:
+                    raise InvalidChange("a request for GPU-hours needs an amount above zero and a period")
+                if event.period_end <= event.period_start:
+                    raise InvalidChange("the requested period ends before it starts")
+                if event.cluster is not None:
+                    self._require_cluster(event.cluster)
+            case "extension":
+                if event.allocation_id is None or event.extend_to is None:
+                    raise InvalidChange("an extension names an allocation and its new end")
+                a = self._check_extension(event.allocation_id, event.extend_to)
+                if a.project != event.project:
+                    raise InvalidChange(f"allocation {a.allocation_id} is not {event.project}'s")
+            case "time-slice":
+                if event.cluster is None or event.gpus is None or event.window is None:
+                    raise InvalidChange("a time-slice request names a cluster, a number of GPUs and a window")
+                cluster = self._require_cluster(event.cluster)
+                if event.gpus > cluster.gpus:
+                    raise InvalidChange(f"{cluster.cluster} has {cluster.gpus} GPUs, not {event.gpus}")
+
+    def _check_extension(self, allocation_id: str, new_end: int) -> Allocation:
+        a = self._open_allocation(allocation_id)
+        if new_end <= a.end:
+            raise InvalidChange(f"allocation {allocation_id} ends at {a.end}; an extension ends later")
+        return a
+
+    def _check_decision(self, event: AllocationRequestDecided) -> None:
+        asked = self.requests.get(event.request_id)
+        if asked is None:
+            raise UnknownReference(f"no request {event.request_id!r}")
+        if asked.decided is not None:
+            raise Conflict(
+                f"request {event.request_id} was {asked.decided.decision} by {asked.decided.actor} already"
+            )
+        if event.decision == "approved" and (
+            event.granted_event_id is None or event.granted_event_id not in self.by_id
+        ):
+            raise InvalidChange(f"approving request {event.request_id} needs the event it grants, first")
 
     def _check_transfer(self, event: AllocationTransferred, charged: ChargedUnits) -> None:
         if event.from_allocation == event.to_allocation:

@@ -206,6 +206,57 @@ class DisputeResolved(_AdminEnvelope):
     KEY: ClassVar[str] = "dispute:{job_id}"
 
 
+class AllocationExtended(_AdminEnvelope):
+    """An open allocation's period ends later (an approved extension): `period_end` is the new end."""
+
+    type: Literal["AllocationExtended"] = "AllocationExtended"
+    allocation_id: Identifier
+    period_end: UnixSeconds
+
+    KEY: ClassVar[str] = "allocation:{allocation_id}"
+
+
+class AllocationRequested(_AdminEnvelope):
+    """A project's lead asks for more (the event's `reason` is their why, mandatory):
+
+    - `gpu-hours`: a new allocation of `amount_units` over [period_start, period_end), optionally
+      for one `cluster`;
+    - `extension`: allocation `allocation_id` to end at `extend_to` instead;
+    - `time-slice`: an agreement of `gpus` GPUs of `cluster` whenever `window` is open.
+
+    An admin approves (the grant that `budget apply` would write, then `AllocationRequestDecided`)
+    or denies it."""
+
+    type: Literal["AllocationRequested"] = "AllocationRequested"
+    request_id: Identifier
+    project: Identifier
+    kind: Literal["gpu-hours", "extension", "time-slice"]
+    amount_units: ChargeUnits = 0
+    period: Annotated[str, Field(max_length=100)] | None = None
+    period_start: UnixSeconds | None = None
+    period_end: UnixSeconds | None = None
+    allocation_id: Identifier | None = None
+    extend_to: UnixSeconds | None = None
+    cluster: Identifier | None = None
+    gpus: Annotated[int, Field(ge=1, le=1_000_000, strict=True)] | None = None
+    window: WindowSpec | None = None
+
+    KEY: ClassVar[str] = "request:{request_id}"
+
+
+class AllocationRequestDecided(_AdminEnvelope):
+    """An admin's decision on a request (`reason`: their comment). An approval follows the event
+    it granted (`granted_event_id`: an AllocationGranted, AllocationExtended or AgreementGranted,
+    possibly of another amount than asked) in the same batch."""
+
+    type: Literal["AllocationRequestDecided"] = "AllocationRequestDecided"
+    request_id: Identifier
+    decision: Literal["approved", "denied"]
+    granted_event_id: Annotated[str, Field(min_length=1, max_length=400)] | None = None
+
+    KEY: ClassVar[str] = "request:{request_id}"
+
+
 AdminEvent = Annotated[
     NodeDeclared
     | ClusterDeclared
@@ -217,7 +268,10 @@ AdminEvent = Annotated[
     | AgreementGranted
     | AgreementRevoked
     | UsageDisputed
-    | DisputeResolved,
+    | DisputeResolved
+    | AllocationExtended
+    | AllocationRequested
+    | AllocationRequestDecided,
     Field(discriminator="type"),
 ]
 ADMIN_EVENT_TYPES: tuple[type[BaseModel], ...] = (
@@ -232,6 +286,9 @@ ADMIN_EVENT_TYPES: tuple[type[BaseModel], ...] = (
     AgreementRevoked,
     UsageDisputed,
     DisputeResolved,
+    AllocationExtended,
+    AllocationRequested,
+    AllocationRequestDecided,
 )
 _admin_event_adapter: TypeAdapter[AdminEvent] = TypeAdapter(AdminEvent)
 

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from allmende.domain.allocation_requests import AllocationRequest
 from allmende.domain.allocations import UNITS_PER_GPU_HOUR
 from allmende.domain.balances import AllocationBalance, ProjectBalance
 from allmende.domain.plan import Change
 from allmende.domain.plan_file import MAX_GPU_HOURS, Gpus, Leads, Rate, exact_int
-from allmende.schemas.admin_events import AdminEvent, WindowSpec
+from allmende.schemas.admin_events import AdminEvent, AllocationAdjusted, AllocationGranted, WindowSpec
 from allmende.schemas.events import Identifier, Name
 
 # Projects, groups, clusters and users are `Name`s, as in the plan file (docs/security.md); the
@@ -313,3 +314,70 @@ class DisputeOut(BaseModel):
     resolved_by: str | None
     resolved_at: dt.datetime | None
     resolution_reason: str | None
+
+
+class AllocationRequestIn(BaseModel):
+    """A lead's request for more (docs/auth.md): give the fields of its kind."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["gpu-hours", "extension", "time-slice"]
+    reason: Annotated[str, Field(min_length=1, max_length=1000, description="what it is for")]
+    gpu_hours: GpuHours | None = Field(default=None, description="gpu-hours: how many")
+    period: str | None = Field(default=None, description="gpu-hours: a quarter (default: the current one)")
+    cluster: Name | None = Field(default=None, description="gpu-hours: only on it; time-slice: where")
+    allocation_id: Identifier | None = Field(default=None, description="extension: which allocation")
+    extend_to: dt.datetime | None = Field(default=None, description="extension: the new end (with a zone)")
+    gpus: Gpus | None = Field(default=None, description="time-slice: GPUs guaranteed")
+    window: WindowSpec | None = Field(default=None, description="time-slice: when")
+
+
+class DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "deny"]
+    comment: Annotated[str, Field(max_length=1000)] = ""
+    gpu_hours: GpuHours | None = Field(
+        default=None, description="approve a gpu-hours request with another amount than asked"
+    )
+
+
+class AllocationRequestOut(BaseModel):
+    request_id: str
+    project: str
+    kind: str
+    status: Literal["open", "approved", "denied"]
+    asked_by: str
+    asked_at: int
+    reason: str
+    gpu_hours: Decimal | None
+    period: str | None
+    cluster: str | None
+    allocation_id: str | None
+    extend_to: int | None
+    gpus: int | None
+    window: dict[str, Any] | None
+    decided_by: str | None = None
+    decided_at: int | None = None
+    comment: str | None = None
+    granted_event_id: str | None = None
+    granted_gpu_hours: Decimal | None = None
+
+    @classmethod
+    def of(cls, request: AllocationRequest, granted: AdminEvent | None) -> AllocationRequestOut:
+        a, d = request.asked, request.decided
+        granted_units = (
+            granted.amount_units
+            if isinstance(granted, AllocationGranted)
+            else granted.delta_units
+            if isinstance(granted, AllocationAdjusted)
+            else None
+        )
+        return cls(
+            request_id=a.request_id, project=a.project, kind=a.kind, status=request.status,
+            asked_by=a.actor, asked_at=a.occurred_at, reason=a.reason,
+            gpu_hours=units_to_hours(a.amount_units) if a.kind == "gpu-hours" else None,
+            period=a.period, cluster=a.cluster, allocation_id=a.allocation_id, extend_to=a.extend_to,
+            gpus=a.gpus, window=a.window.model_dump(mode="json") if a.window else None,
+            decided_by=d.actor if d else None, decided_at=d.occurred_at if d else None,
+            comment=d.reason if d else None, granted_event_id=d.granted_event_id if d else None,
+            granted_gpu_hours=units_to_hours(granted_units) if granted_units is not None else None,
+        )  # fmt: skip

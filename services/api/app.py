@@ -25,6 +25,7 @@ from allmende.services.api.routes_admission import router as admission_router
 from allmende.services.api.routes_balance import router as balance_router
 from allmende.services.api.routes_dashboard import router as dashboard_router
 from allmende.services.api.routes_fairshare import router as fairshare_router
+from allmende.services.api.routes_requests import router as requests_router
 from allmende.services.api.routes_usage import router as usage_router
 from allmende.services.web.oidc_signin import router as oidc_router
 from allmende.services.web.routes import router as web_router
@@ -51,6 +52,7 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
     app.include_router(usage_router)
     app.include_router(balance_router)
     app.include_router(admin_router)
+    app.include_router(requests_router)
     app.include_router(fairshare_router)
     app.include_router(dashboard_router)
     app.include_router(web_router)

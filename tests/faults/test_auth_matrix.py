@@ -22,6 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from allmende.core.settings import Settings
+from allmende.services.web.oidc_signin import router as oidc_router
 from allmende.services.web.routes import router as web_router
 from allmende.testing.budget_harness import FakeClock, ok, plan_text, set_clock, with_tokens
 from allmende.testing.harness import wait_until
@@ -94,9 +95,9 @@ def documented_table() -> dict[str, dict[str, str]]:
 
 
 def served_routes(app: Any) -> set[str]:
-    """Every operation of the OpenAPI document and every page under /ui."""
+    """Every operation of the OpenAPI document, every page under /ui and the IdP sign-in's routes."""
     routes = {f"{method.upper()} {path}" for path, ops in app.openapi()["paths"].items() for method in ops}
-    for route in web_router.routes:
+    for route in [*web_router.routes, *oidc_router.routes]:
         path = getattr(route, "path", "")
         routes |= {f"{m} {path}" for m in getattr(route, "methods", ()) if m != "HEAD"}
     return routes
@@ -219,6 +220,14 @@ REQUESTS: dict[str, Request] = {
     "GET /v1/admin/disputes": _get("/v1/admin/disputes"),
     "POST /v1/admin/disputes/{job_id}/resolution": _post(
         "/v1/admin/disputes/no-such-job/resolution", {"action": "charge"}),
+    "POST /v1/projects/{project}/requests": _post(
+        f"/v1/projects/{OWN}/requests", {"kind": "gpu-hours", "gpu_hours": "10", "reason": "matrix"}),
+    "GET /v1/projects/{project}/requests": _get(f"/v1/projects/{OWN}/requests"),
+    "GET /v1/admin/requests": _get("/v1/admin/requests"),
+    "POST /v1/admin/requests/{request_id}/decision": _post(
+        "/v1/admin/requests/no-such-request/decision", {"decision": "deny"}),
+    "GET /auth/login": _get("/auth/login"),  # no IdP here: a page that says so
+    "GET /auth/callback": _get("/auth/callback", state="forged", code="stolen"),
     "GET /v1/fairshare": _get("/v1/fairshare"),
     "GET /v1/dashboard/periods": _get("/v1/dashboard/periods"),
     "GET /v1/dashboard/projects": _get("/v1/dashboard/projects"),
