@@ -104,3 +104,44 @@ def test_a_callback_not_started_in_this_browser_is_refused(context: BrowserConte
     answer = page.goto(f"{idp_api.url}/auth/callback?state=forged&code=stolen")
     assert answer is not None and answer.status == 400
     assert "started elsewhere" in page.content()
+
+
+def test_a_lead_asks_on_the_project_page_and_an_admin_decides_on_the_overview(
+    browser: Browser, idp_api: IdpApi, keycloak: Keycloak
+) -> None:
+    lead, admin = (browser.new_context(viewport=VIEWPORT) for _ in range(2))  # type: ignore[arg-type]
+    try:
+        page = sign_in(lead, idp_api, keycloak, "lena")
+        page.wait_for_url(f"{idp_api.url}/ui/projects/nlp**")
+        page.wait_for_function("document.body.dataset.ready === 'true'", timeout=30_000)
+        form = page.locator("#request-form")
+        form.locator("[name=gpu_hours]").fill("120")
+        form.locator("[name=period]").fill("2026-Q4")
+        form.locator("[name=reason]").fill("tokenizer sweep")
+        form.locator("button[type=submit]").click()
+        page.wait_for_selector("#request-status.ok")
+        row = page.locator("#requests tbody tr").filter(has_text="tokenizer sweep")
+        assert "open" in row.inner_text()
+
+        desk = sign_in(admin, idp_api, keycloak, "ada")
+        desk.wait_for_url(f"{idp_api.url}/ui/overview**")
+        desk.wait_for_function("document.body.dataset.ready === 'true'", timeout=30_000)
+        pending = desk.locator("#open-requests tbody tr").filter(has_text="tokenizer sweep")
+        pending.locator("[name=gpu_hours]").fill("80")
+        pending.locator("[name=comment]").fill("80 for now")
+        pending.locator("button[data-decision=approve]").click()
+        rows = "[...document.querySelectorAll('#open-requests tbody tr')]"
+        desk.wait_for_function(f"!{rows}.some(r => r.innerText.includes('tokenizer sweep'))")
+
+        page.reload()
+        page.wait_for_function("document.body.dataset.ready === 'true'", timeout=30_000)
+        decided = page.locator("#requests tbody tr").filter(has_text="tokenizer sweep").inner_text()
+        assert (
+            "approved" in decided
+            and "ada" in decided
+            and "granted 80.0" in decided
+            and "80 for now" in decided
+        )
+    finally:
+        lead.close()
+        admin.close()

@@ -149,5 +149,8 @@
   });
 
   A.periodPicker();
-  Promise.all([projects(), utilization(), fairshare(), overCapacity(), disputes(), refused()]).finally(A.start);
+  const requests = () => A.$("#open-requests") && A.openRequests();
+  Promise.all([projects(), utilization(), fairshare(), requests(), overCapacity(), disputes(), refused()]).finally(
+    A.start,
+  );
 })();

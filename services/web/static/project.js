@@ -210,6 +210,7 @@
   );
   Promise.all([
     burn(),
+    A.projectRequests(project),
     ...["cluster", "gpu_type", "user", "priority_class"].map(breakdown),
     table("running", `${base}/running`, [
       { key: "job_id", label: "Job" },
