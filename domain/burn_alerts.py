@@ -6,8 +6,11 @@ Two kinds of condition, per project and period, each keyed `(project, period, co
   days before the period ends (`(period_end - exhaustion_at) // 86400 > days_early`; a budget
   already used up counts, with `exhaustion_at` = as_of). Never for a project with nothing
   allocated (there is no budget to run out of), nor when the forecast lasts the period.
-- `budget-share:<share>` for each configured share (`0.8`, `1.0`): the spent share (charged +
-  held) / allocated has reached it (`>=`). Never when nothing is allocated.
+- `budget-share:<share>` for each configured share (`0.5`, `0.8`, `1.0`): the spent share
+  (charged + held) / allocated has reached it (`>=`). Never when nothing is allocated.
+- `expires-in:<n>d` for each configured number of days (`14`): the period's allocations end
+  within n days of the ledger's clock (and have not ended): a reminder to use or ask to extend
+  them. Never when nothing is allocated; an extension past the n days clears it.
 
 A crossing is a change of a condition's truth: false to true gives a `BurnWarningRaised`, true to
 false a `BurnWarningCleared`, so a later crossing warns again and the lead sees the warning end.
@@ -41,6 +44,7 @@ from allmende.schemas.alert_events import (
 
 EARLY_EXHAUSTION = "early-exhaustion"
 BUDGET_SHARE = "budget-share:"
+EXPIRES_IN = "expires-in:"
 MAX_SHARE_DECIMALS = 12
 
 ConditionKey = tuple[str, str, str]  # (project, period, condition)
@@ -54,6 +58,7 @@ class ProjectBurn:
     period: str  # the allocation period's label, e.g. `2027-Q1`
     burn: BurnRate
     idle_units: int  # GPU-seconds x (1 - utilisation) x 10,000 (domain.squatting)
+    leads: tuple[str, ...] = ()  # whom reminders by e-mail go to (the plan's leads of it and above)
 
 
 def share_label(share: Fraction) -> str:
@@ -70,30 +75,47 @@ def share_condition(share: Fraction) -> str:
     return f"{BUDGET_SHARE}{share_label(share)}"
 
 
+def expiry_condition(days: int) -> str:
+    return f"{EXPIRES_IN}{days}d"
+
+
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     days_early: int = 7
     budget_shares: tuple[Fraction, ...] = (Fraction(4, 5), Fraction(1))
+    expiry_days: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.days_early < 0:
             raise ValueError("days_early must not be negative")
+        for days in self.expiry_days:
+            if not 1 <= days <= 9999:
+                raise ValueError(f"an expiry reminder {days} days ahead: give 1 to 9999 days")
         for share in self.budget_shares:
             if share <= 0:
                 raise ValueError(f"budget share {share} must be positive")
             share_label(share)  # a terminating decimal
 
     @classmethod
-    def parse(cls, days_early: int, budget_shares: str) -> Thresholds:
-        """From the settings: `budget_shares` is comma-separated decimals (`"0.8,1.0"`; empty: none)."""
+    def parse(cls, days_early: int, budget_shares: str, expiry_days: str = "") -> Thresholds:
+        """From the settings: `budget_shares` is comma-separated decimals (`"0.8,1.0"`; empty: none),
+        `expiry_days` comma-separated whole days (`"14,3"`; empty: none)."""
         try:
             shares = {Fraction(part.strip()) for part in budget_shares.split(",") if part.strip()}
         except ValueError:
             raise ValueError(f"budget shares {budget_shares!r} are not comma-separated decimals") from None
-        return cls(days_early, tuple(sorted(shares)))
+        try:
+            days = {int(part.strip()) for part in expiry_days.split(",") if part.strip()}
+        except ValueError:
+            raise ValueError(f"expiry reminders {expiry_days!r} are not comma-separated days") from None
+        return cls(days_early, tuple(sorted(shares)), tuple(sorted(days, reverse=True)))
 
     def conditions(self) -> tuple[str, ...]:
-        return (EARLY_EXHAUSTION, *(share_condition(s) for s in self.budget_shares))
+        return (
+            EARLY_EXHAUSTION,
+            *(share_condition(s) for s in self.budget_shares),
+            *(expiry_condition(d) for d in self.expiry_days),
+        )
 
 
 @dataclass
@@ -164,6 +186,9 @@ def holds(burn: BurnRate, condition: str, thresholds: Thresholds) -> bool:
     if condition == EARLY_EXHAUSTION:
         days = days_before_end(burn)
         return days is not None and days > thresholds.days_early
+    if condition.startswith(EXPIRES_IN):
+        ahead = int(condition.removeprefix(EXPIRES_IN).removesuffix("d")) * SECONDS_PER_DAY
+        return burn.as_of < burn.period_end <= burn.as_of + ahead
     share = Fraction(condition.removeprefix(BUDGET_SHARE))
     return burn.spent_share is not None and burn.spent_share >= share
 
@@ -267,6 +292,14 @@ def message(pb: ProjectBurn, condition: str, *, raised: bool, why: str = "resolv
             return f"Project {p} has run out of budget, {before} before {period} ends ({rate})."
         verb = "will run out" if raised else "is now forecast to run out"
         return f"Project {p} {verb} of budget on {_day(at)}, {before} before {period} ends ({rate})."
+    if condition.startswith(EXPIRES_IN):
+        if not raised:
+            return f"Project {p}'s {period} allocations now end on {_day(b.period_end)}: the reminder ends."
+        left = _days(-(-(b.period_end - b.as_of) // SECONDS_PER_DAY))
+        return (
+            f"Project {p}'s {period} allocations end on {_day(b.period_end)}, in {left}: {_spent(b)}. "
+            "What is unused then expires; ask for an extension on the project's page if you need one."
+        )
     share = Fraction(condition.removeprefix(BUDGET_SHARE))
     what = "its whole" if share == 1 else f"{_percent(share)} of its"
     if raised:

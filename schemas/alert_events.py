@@ -24,7 +24,9 @@ from allmende.schemas.events import Identifier, UnixSeconds, parse_with
 
 Units = Annotated[int, Field(ge=0, le=2**62, strict=True)]
 SignedUnits = Annotated[int, Field(ge=-(2**62), le=2**62, strict=True)]
-Condition = Annotated[str, Field(pattern=r"^(early-exhaustion|budget-share:[0-9]+(\.[0-9]+)?)$")]
+Condition = Annotated[
+    str, Field(pattern=r"^(early-exhaustion|budget-share:[0-9]+(\.[0-9]+)?|expires-in:[0-9]{1,4}d)$")
+]
 Crossing = Annotated[int, Field(ge=1, strict=True)]
 MAX_LISTED = 50  # jobs and projects named in one capacity alert
 

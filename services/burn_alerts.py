@@ -71,6 +71,7 @@ from allmende.schemas.alert_events import (
     parse_alert_event,
 )
 from allmende.schemas.events import ContractError
+from allmende.services.alert_mail import AlertMailer
 from allmende.services.project_metrics import ProjectMetrics
 
 log = structlog.get_logger(__name__)
@@ -154,9 +155,13 @@ class BurnAlerter:
         self._gauged: set[str] = set()  # clusters whose over-capacity gauge was ever set
         self.clock = clock
         self.thresholds = Thresholds.parse(
-            settings.burn_warning_days_early, settings.burn_warning_budget_shares
+            settings.burn_warning_days_early,
+            settings.burn_warning_budget_shares,
+            settings.burn_warning_expiry_days,
         )
         self.webhook_urls = webhook_urls(settings)
+        self.mailer = AlertMailer(settings) if AlertMailer.enabled(settings) else None
+        self._leads: dict[str, tuple[str, ...]] = {}  # project -> its leads, from the latest round
         self.metrics = metrics or ProjectMetrics()
         self.state = BurnAlertState()
         self.last_error: str | None = None
@@ -263,6 +268,7 @@ class BurnAlerter:
         with self._lock:
             self._catch_up()
             burns = list(self.source())
+            self._leads.update((b.project, b.leads) for b in burns)
             self.metrics.update(burns)
             now = int(self.clock())
             events: list[AlertEvent] = list(evaluate(burns, self.thresholds, self.state, now))
@@ -300,6 +306,8 @@ class BurnAlerter:
     def _post_all(self, event: AlertEvent) -> None:
         for url in self.webhook_urls:
             self._post(url, event)
+        if self.mailer is not None and isinstance(event, BurnWarningRaised):
+            self.mailer.send(event, self._leads.get(event.project, ()))
 
     def _capacity_round(self, source: CapacitySource, now: int) -> list[AlertEvent]:
         """Clusters above capacity: the gauge, the disputes to raise, the alerts to publish. Its

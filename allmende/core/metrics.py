@@ -161,6 +161,9 @@ ALERT_WEBHOOK_POSTS = _counter("allmende_alert_webhook_posts_total", "Alert webh
 ALERT_WEBHOOK_FAILURES = _counter(
     "allmende_alert_webhook_failures_total", "Alert webhook posts given up after their retries"
 )
+ALERT_MAILS = _counter(
+    "allmende_alert_mails_total", "Alert e-mails handed to the SMTP server, by outcome", ["outcome"]
+)
 
 # Per-project budget gauges (documented there): updated by allmende.services.project_metrics.
 PROJECT_LABELS = ("project", "period")
@@ -236,7 +239,7 @@ GROUP_COMMIT = (GROUP_COMMIT_SECONDS, GROUP_COMMIT_CALLERS)
 DCGM = (DCGM_SCRAPES, DCGM_SAMPLES_PUBLISHED, DCGM_PUBLISH_FAILURES, DCGM_FREE_GPUS, DCGM_UNACCOUNTED_GPUS)
 ALERTS = (
     BURN_ALERTS_PUBLISHED, BURN_ALERT_ROUND_FAILURES, ALERT_WEBHOOK_POSTS, ALERT_WEBHOOK_FAILURES,
-    CLUSTER_OVER_CAPACITY_GPUS,
+    ALERT_MAILS, CLUSTER_OVER_CAPACITY_GPUS,
 )  # fmt: skip
 PROJECT = (
     PROJECT_ALLOCATED_GPU_HOURS, PROJECT_CHARGED_GPU_HOURS, PROJECT_HELD_GPU_HOURS,

@@ -179,9 +179,22 @@ class Settings(BaseSettings):
     # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
     # and a POST of a Slack-compatible body to each webhook URL (comma-separated).
     burn_warning_days_early: int = Field(default=7, ge=0)  # trailing-7-day forecast runs out this early
-    burn_warning_budget_shares: str = "0.8,1.0"  # shares of the budget whose passing warns
+    burn_warning_budget_shares: str = "0.5,0.8,1.0"  # shares of the budget whose passing warns
+    # Reminders this many days before a period's allocations end (comma-separated; empty: none).
+    burn_warning_expiry_days: str = "14"
     alerts_enabled: bool = True
     alert_webhook_urls: str = ""
+    # Burn warnings and reminders by e-mail too, to the project's leads (services/alert_mail.py):
+    # over SMTP at smtp_host (empty: no e-mail); a lead's address from `lead_emails`
+    # (`name:address,...`), else `email_address_template` with {name} (e.g. `{name}@example.org`).
+    smtp_host: str = ""
+    smtp_port: int = Field(default=25, ge=1, le=65535)
+    smtp_starttls: bool = False
+    smtp_username: str = ""
+    smtp_password: str = ""
+    smtp_from: str = "allmende@localhost"
+    lead_emails: str = ""
+    email_address_template: str = ""
     alert_check_s: float = Field(default=60.0, gt=0)
 
     log_level: str = "INFO"

@@ -369,7 +369,10 @@ class DashboardViews:
         idle = _idle_in(days, period)
         projects = sorted({a.project for a in state.allocations.values() if a.period == period.name})
         burns = self.project_burns_of(state, projects, period, False, days)
-        return [ProjectBurn(p, period.name, burns[p][0], idle.get(p, 0)) for p in projects]
+        return [
+            ProjectBurn(p, period.name, burns[p][0], idle.get(p, 0), tuple(sorted(state.leads_of(p))))
+            for p in projects
+        ]
 
     def squatting_now(self) -> tuple[list[SquatFound], int]:
         """Every project's jobs squatting now (their latest idle stretch ongoing), with their

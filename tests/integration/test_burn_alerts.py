@@ -4,10 +4,13 @@ real webhooks (a local HTTP server), and the project gauges."""
 from __future__ import annotations
 
 import asyncio
+import email.policy
 import http.server
 import threading
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
+from email.message import EmailMessage
+from email.parser import BytesParser
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 from kafka import TopicPartition
 from prometheus_client import REGISTRY
 
+from allmende.core.kafka_local import free_port
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
 from allmende.core.kafka_topics import ensure_topics, topic_specs
 from allmende.core.settings import Settings
@@ -27,7 +31,7 @@ from allmende.services.burn_alerts import BurnAlerter, slack_body
 from allmende.testing.budget_harness import ADMIN, ALICE, ok, plan_text, running_api
 from allmende.testing.harness import wait_until
 from tests.integration.test_budgets import Q1_2027, QUARTER_PLAN, _meter_all, _run
-from tests.unit.test_burn_alerts import FAST, QUIET, burn_of
+from tests.unit.test_burn_alerts import FAST, Q1_END, QUIET, burn_of
 
 pytestmark = pytest.mark.integration
 DAY = 86_400
@@ -78,7 +82,10 @@ def webhook() -> Iterator[Webhook]:
 @pytest.fixture
 def alerts_settings(settings: Settings) -> Settings:
     ensure_topics(settings, [s for s in topic_specs(settings) if s.name == settings.alerts_topic])
-    return settings
+    # The thresholds these tests count crossings of (the defaults add 0.5 and a 14-day reminder).
+    return settings.model_copy(
+        update={"burn_warning_budget_shares": "0.8,1.0", "burn_warning_expiry_days": ""}
+    )
 
 
 class Source:
@@ -251,19 +258,20 @@ def test_the_running_api_warns_from_the_ledger_once_and_its_gauges_are_the_burn_
     settings: Settings, webhook: Webhook, tmp_path: Path
 ) -> None:
     s = settings.model_copy(update={"alert_webhook_urls": webhook.url, "alert_check_s": 0.2})
-    # vision: 448 of its 500 GPU-hours in one day (89.6 %): past 0.8, not 1.0, and the trailing
-    # rate runs out long before the quarter ends.
+    # vision: 448 of its 500 GPU-hours in one day (89.6 %): past 0.5 and 0.8 (the defaults), not
+    # 1.0, and the trailing rate runs out long before the quarter ends.
     big = _run("big", "vision", start=Q1_2027 + DAY, end=Q1_2027 + DAY + 7 * 3600, gpus=64)
     vision = {"project": "vision", "period": "2027-Q1"}
     with running_api(s, Q1_2027 + DAY) as (api, clock):
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
         _meter_all(s, big, tmp_path / "logs", api.app.state.store)  # type: ignore[attr-defined]
         clock.now = Q1_2027 + 2 * DAY
-        raised = wait_until(lambda: len(on_topic(s)) == 2 and on_topic(s), 30, "two burn warnings")
+        raised = wait_until(lambda: len(on_topic(s)) == 3 and on_topic(s), 30, "three burn warnings")
         burn = ok(api.get("/v1/dashboard/projects/vision/burn", headers=ADMIN))
         metrics = api.get("/metrics").text
         assert ok(api.get("/healthz"))["alerts"] == "running"
     assert {(e.type, e.project, e.condition) for e in raised} == {
+        ("BurnWarningRaised", "vision", "budget-share:0.5"),
         ("BurnWarningRaised", "vision", "budget-share:0.8"),
         ("BurnWarningRaised", "vision", EARLY_EXHAUSTION),
     }
@@ -274,7 +282,7 @@ def test_the_running_api_warns_from_the_ledger_once_and_its_gauges_are_the_burn_
 
     with running_api(s, Q1_2027 + 2 * DAY) as (api, _):  # restarted: the warnings are not sent again
         assert api.app.state.alerter.check_once() == []  # type: ignore[attr-defined]
-    assert len(on_topic(s)) == 2 and len(webhook.bodies) == 2
+    assert len(on_topic(s)) == 3 and len(webhook.bodies) == 3
 
 
 class PublishedButFailed(BurnAlerter):
@@ -345,3 +353,68 @@ def test_a_job_squatting_now_is_told_to_its_user_and_leads_once_and_its_busy_nei
     assert Decimal(page[0]["charged_gpu_hours"]) == charged
     assert again == [] and [b["text"] for b in webhook.bodies] == [event.message]
     assert "squatter" in event.message and "alice, dana" in event.message and "8 GPUs" in event.message
+
+
+class Mailbox:
+    """A real SMTP server (aiosmtpd) on a free loopback port, keeping every message it is sent."""
+
+    def __init__(self) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+        box = self
+
+        class Handler:
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+                parsed = BytesParser(policy=email.policy.default).parsebytes(envelope.original_content)
+                box.messages.append((list(envelope.rcpt_tos), parsed))  # type: ignore[arg-type]
+                return "250 OK"
+
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=free_port())
+        self.controller.start()
+        self.port = self.controller.port
+
+
+def test_a_reminder_and_a_budget_crossing_are_mailed_to_the_leads_once(alerts_settings: Settings) -> None:
+    mailbox = Mailbox()
+    s = alerts_settings.model_copy(update={
+        "burn_warning_budget_shares": "0.5", "burn_warning_expiry_days": "14",
+        "smtp_host": "127.0.0.1", "smtp_port": mailbox.port, "smtp_from": "gpu-budgets@example.org",
+        "lead_emails": "lena:lena.k@example.org", "email_address_template": "{name}@staff.example.org",
+    })  # fmt: skip
+    p = s.topic_prefix
+    half_spent_near_the_end = burn_of(as_of=Q1_END - 10 * DAY, charged_h=6_000, rate_h=10)
+    source = Source(ProjectBurn(p, "2027-Q1", half_spent_near_the_end, 0, ("lena", "gina")))
+    sent = sample("allmende_alert_mails_total", {"outcome": "sent"}) or 0.0
+    alerter = BurnAlerter(s, source)
+    try:
+        events = alerter.check_once()
+        assert sorted(e.condition for e in events) == ["budget-share:0.5", "expires-in:14d"]
+        assert alerter.check_once() == []  # once per crossing
+    finally:
+        alerter.close()
+        mailbox.controller.stop()
+    assert len(mailbox.messages) == 2
+    by_subject = {m["Subject"]: (to, m) for to, m in mailbox.messages}
+    to, reminder = by_subject[f"[Allmende] {p} 2027-Q1: expires-in:14d"]
+    assert sorted(to) == ["gina@staff.example.org", "lena.k@example.org"]
+    assert reminder["From"] == "gpu-budgets@example.org"
+    assert "allocations end on 2027-04-01, in 10 days" in reminder.get_content()
+    _, crossing = by_subject[f"[Allmende] {p} 2027-Q1: budget-share:0.5"]
+    assert f"Project {p} has spent 50% of its 2027-Q1 budget" in crossing.get_content()
+    assert sample("allmende_alert_mails_total", {"outcome": "sent"}) == sent + 2
+
+
+def test_an_smtp_server_away_loses_no_warning(alerts_settings: Settings) -> None:
+    s = alerts_settings.model_copy(update={"smtp_host": "127.0.0.1", "smtp_port": free_port(),
+                                           "email_address_template": "{name}@example.org"})  # fmt: skip
+    failed = sample("allmende_alert_mails_total", {"outcome": "failed"}) or 0.0
+    alerter = BurnAlerter(
+        s, Source(ProjectBurn(s.topic_prefix, "2027-Q1", burn_of(charged_h=8_500), 0, ("lena",)))
+    )
+    try:
+        [event] = alerter.check_once()
+    finally:
+        alerter.close()
+    assert on_topic(s) == [event]  # published, whatever the mail server did
+    assert sample("allmende_alert_mails_total", {"outcome": "failed"}) == failed + 1

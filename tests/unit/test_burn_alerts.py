@@ -329,3 +329,37 @@ def test_the_contract_refuses_floats_and_unknown_conditions() -> None:
     for change in ({"allocated_units": 1.5}, {"condition": "budget-share:lots"}, {"crossing": 0}):
         with pytest.raises(ContractError):
             parse_alert_event(orjson.dumps({**raw, **change}))
+
+
+def test_a_reminder_comes_once_when_the_period_ends_within_its_days_and_an_extension_ends_it() -> None:
+    reminders = Thresholds(days_early=7, budget_shares=(), expiry_days=(14, 3))
+    state = BurnAlertState()
+    far = burn_of(as_of=Q1_END - 20 * DAY, charged_h=1_000, rate_h=10)
+    assert round_of(state, project(far), thresholds=reminders) == []
+    near = burn_of(as_of=Q1_END - 13 * DAY - 3600, charged_h=1_000, rate_h=10)
+    [raised] = round_of(state, project(near), thresholds=reminders)
+    assert kinds([raised]) == [("BurnWarningRaised", "expires-in:14d", 1)]
+    assert raised.message.startswith("Project vision's 2027-Q1 allocations end on 2027-04-01, in 14 days: ")
+    assert round_of(state, project(near), thresholds=reminders) == []  # once per crossing
+    last = burn_of(as_of=Q1_END - 2 * DAY, charged_h=1_000, rate_h=10)
+    assert kinds(round_of(state, project(last), thresholds=reminders)) == [
+        ("BurnWarningRaised", "expires-in:3d", 1)
+    ]
+    # extended by a month: both reminders end
+    extended = burn_of(as_of=Q1_END - 2 * DAY, end=Q1_END + 30 * DAY, charged_h=1_000, rate_h=10)
+    assert sorted(kinds(round_of(state, project(extended), thresholds=reminders))) == [
+        ("BurnWarningCleared", "expires-in:14d", 1),
+        ("BurnWarningCleared", "expires-in:3d", 1),
+    ]
+    # the period over: nothing more to remind of
+    assert not any(e.type == "BurnWarningRaised" for e in evaluate(
+        [project(burn_of(as_of=Q1_END, charged_h=1_000))], reminders, BurnAlertState(), NOW
+    ))  # fmt: skip
+
+
+def test_expiry_reminders_from_the_settings() -> None:
+    t = Thresholds.parse(7, "0.5", " 3, 14,14")
+    assert t.conditions() == (EARLY_EXHAUSTION, "budget-share:0.5", "expires-in:14d", "expires-in:3d")
+    for bad in ("two weeks", "0", "10000"):
+        with pytest.raises(ValueError):
+            Thresholds.parse(7, "", bad)
