@@ -39,7 +39,10 @@ def local_admin_token(settings: Settings, create: bool = False) -> str | None:
 
 
 def token_for(settings: Settings) -> str | None:
-    return settings.token or local_admin_token(settings)
+    """ALLMENDE_TOKEN, else the identity provider's (`allmende login`), else the local admin's."""
+    from allmende.cli.login import stored_token  # Authlib only where a sign-in is used
+
+    return settings.token or stored_token(settings) or local_admin_token(settings)
 
 
 def call(settings: Settings, method: str, path: str, **kwargs: Any) -> Any:

@@ -22,6 +22,7 @@ from allmende.cli.budget import budget_app
 from allmende.cli.collect import collect_app
 from allmende.cli.dead_letters import dead_letters_app
 from allmende.cli.fairshare import fairshare
+from allmende.cli.login import login, logout
 from allmende.cli.simulate import simulate
 from allmende.cli.slurm import slurm_app
 from allmende.core import supervisor
@@ -41,6 +42,8 @@ app.add_typer(host_app, name="host")
 app.add_typer(slurm_app, name="slurm")
 app.command("preempt")(preempt)
 app.command("simulate")(simulate)
+app.command("login")(login)
+app.command("logout")(logout)
 console = Console()
 
 # The demo's defaults come from a checkout (its examples/ and the shared traces beside it).

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     oidc_lead_pattern: str = "/leads/{node}"
     oidc_name_claim: str = "preferred_username"
     oidc_scopes: str = "openid profile email"
+    # `allmende login`'s client (the device flow for people; client credentials for scripts).
+    oidc_cli_client_id: str = "allmende-cli"
+    oidc_cli_client_secret: str = ""
     oidc_clock_skew_s: int = Field(default=30, ge=0, le=600)  # a token's exp/iat/nbf, this much either way
     # Where the browser reaches the API (the redirect URI's base) when a proxy hides it; by default
     # the request's own base URL.

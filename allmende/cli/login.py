@@ -1,0 +1,149 @@
+"""`allmende login`: an access token of the organisation's identity provider for the CLI (docs/auth.md).
+
+A person signs in with the OAuth 2.0 device authorization grant (RFC 8628): the CLI shows a URL
+and a code, the person approves in any browser, the CLI polls the token endpoint (Authlib's
+client) until it is approved, denied or expired. A script uses the client credentials grant of its
+own client (`--client-credentials`). The token is kept in `<state dir>/oidc-token.json` (0600) and
+sent as Bearer by every later command, refreshed with its refresh token once it has expired;
+`ALLMENDE_TOKEN` still wins. `allmende logout` forgets it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from authlib.integrations.base_client import OAuthError
+from authlib.integrations.httpx_client import OAuth2Client
+from rich.console import Console
+
+from allmende.core.settings import Settings
+
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+EARLY_S = 30  # refresh a token this long before it expires
+console = Console()
+
+
+def token_file(settings: Settings) -> Path:
+    return settings.state_dir / "oidc-token.json"
+
+
+def _discovery(settings: Settings) -> dict[str, Any]:
+    if not settings.oidc_issuer:
+        console.print("[red]no identity provider: set ALLMENDE_OIDC_ISSUER (docs/auth.md)[/red]")
+        raise typer.Exit(2)
+    url = f"{settings.oidc_issuer.rstrip('/')}/.well-known/openid-configuration"
+    try:
+        response = httpx.get(url, timeout=10)
+        response.raise_for_status()
+        found: dict[str, Any] = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        console.print(f"[red]the identity provider's discovery document ({url}): {exc}[/red]")
+        raise typer.Exit(2) from None
+    return found
+
+
+def _client(settings: Settings) -> OAuth2Client:
+    return OAuth2Client(
+        client_id=settings.oidc_cli_client_id,
+        client_secret=settings.oidc_cli_client_secret or None,
+        token_endpoint_auth_method="client_secret_basic" if settings.oidc_cli_client_secret else "none",
+        timeout=10,
+    )
+
+
+def _keep(settings: Settings, token: dict[str, Any]) -> None:
+    path = token_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    kept = {k: token[k] for k in ("access_token", "refresh_token", "expires_at") if k in token}
+    path.write_text(json.dumps(kept))
+
+
+def stored_token(settings: Settings) -> str | None:
+    """The kept access token (refreshed when it has expired and a refresh token is kept); None."""
+    path = token_file(settings)
+    if not settings.oidc_issuer or not path.exists():
+        return None
+    try:
+        token = json.loads(path.read_text())
+    except ValueError:
+        return None
+    if float(token.get("expires_at", 0)) - EARLY_S > time.time():
+        return str(token["access_token"])
+    if not token.get("refresh_token"):
+        return None
+    try:
+        with _client(settings) as client:
+            fresh = client.refresh_token(_discovery(settings)["token_endpoint"], token["refresh_token"])
+    except (OAuthError, httpx.HTTPError):
+        return None  # signed out at the IdP, or it is away: the command goes on without
+    _keep(settings, dict(fresh))
+    return str(fresh["access_token"])
+
+
+def login(
+    client_credentials: Annotated[
+        bool, typer.Option("--client-credentials", help="a script's own client (ALLMENDE_OIDC_CLI_CLIENT_*)")
+    ] = False,
+) -> None:
+    """Sign in with the organisation's identity provider; later commands send its token."""
+    settings = Settings()
+    doc = _discovery(settings)
+    with _client(settings) as client:
+        try:
+            if client_credentials:
+                token = client.fetch_token(doc["token_endpoint"], grant_type="client_credentials")
+            else:
+                token = _device_flow(client, doc)
+        except OAuthError as exc:
+            console.print(f"[red]the identity provider refused: {exc.error}: {exc.description or ''}[/red]")
+            raise typer.Exit(1) from None
+    _keep(settings, dict(token))
+    console.print(f"signed in; the token is kept in {token_file(settings)}")
+
+
+def _device_flow(client: OAuth2Client, doc: dict[str, Any]) -> dict[str, Any]:
+    endpoint = doc.get("device_authorization_endpoint")
+    if not endpoint:
+        console.print("[red]the identity provider offers no device authorization grant[/red]")
+        raise typer.Exit(2)
+    form = {"client_id": client.client_id, "scope": "openid"}
+    if client.client_secret:  # a confidential client authenticates here too
+        form["client_secret"] = client.client_secret
+    # A plain form POST (RFC 8628 3.1): Authlib's client would attach a token it does not have yet.
+    started = httpx.post(endpoint, data=form, timeout=10)
+    if started.status_code != 200:
+        console.print(f"[red]the identity provider refused the sign-in: {started.text[:300]}[/red]")
+        raise typer.Exit(1)
+    grant = started.json()
+    url = grant.get("verification_uri_complete") or grant["verification_uri"]
+    console.print(f"Open {url} in a browser and approve the code {grant['user_code']}.", soft_wrap=True)
+    deadline = time.monotonic() + float(grant.get("expires_in", 600))
+    interval = float(grant.get("interval", 5))
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        try:
+            return dict(client.fetch_token(doc["token_endpoint"], grant_type=DEVICE_GRANT,
+                                           device_code=grant["device_code"]))  # fmt: skip
+        except OAuthError as exc:
+            if exc.error == "authorization_pending":
+                continue
+            if exc.error == "slow_down":
+                interval += 5
+                continue
+            raise
+    console.print("[red]the code expired before it was approved: run allmende login again[/red]")
+    raise typer.Exit(1)
+
+
+def logout() -> None:
+    """Forget the identity provider's token (the IdP's own session is the browser's)."""
+    path = token_file(Settings())
+    path.unlink(missing_ok=True)
+    console.print("signed out")
