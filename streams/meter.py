@@ -579,10 +579,16 @@ def create_app(settings: Settings) -> faust.App:
     async def seek_back(gaps: dict[TP, int]) -> None:
         """Seek each partition back to the first record the consumer skipped (streams/
         offset_continuity.py), or to the earliest the broker still holds if retention took it."""
-        earliest = await app.consumer.earliest_offsets(*gaps)
         for tp, missing in gaps.items():
-            target = max(missing, earliest.get(tp) or 0)
             METER_SKIPPED_GAPS.inc()
+            try:
+                earliest = (await app.consumer.earliest_offsets(tp)).get(tp) or 0
+                target = max(missing, earliest)
+                await app.consumer.seek(tp, target)
+            except Exception as exc:  # the partition went in a rebalance: its next owner seeks to the commit
+                log.warning("meter_seek_back_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
+                continuity.expected.pop(tp, None)
+                continue
             log.warning(
                 "meter_records_skipped",
                 topic=tp.topic,
@@ -590,7 +596,6 @@ def create_app(settings: Settings) -> faust.App:
                 first_missing=missing,
                 seek_to=target,
             )
-            await app.consumer.seek(tp, target)
             continuity.expected[tp] = target
 
     async def meter_batch(batch: list[EventT[bytes]]) -> None:
