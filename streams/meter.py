@@ -77,6 +77,8 @@ log = structlog.get_logger(__name__)
 # Events per batch and the longest a batch waits to fill: bounds both latency and memory.
 BATCH_MAX = 5_000
 BATCH_WITHIN_S = 0.2
+# A seek back to a gap is not repeated for records fetched before it (still arriving) for this long.
+RESEEK_AFTER_S = 5.0
 DISPUTES_CHECK_S = 2.0  # how often the admin log is read for disputes of jobs no event brings
 
 
@@ -410,10 +412,12 @@ def create_app(settings: Settings) -> faust.App:
     retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
 
     continuity: OffsetContinuity[TP] = OffsetContinuity()
+    sought: dict[TP, tuple[int, float]] = {}  # per partition: the last seek back (offset, monotonic time)
 
     async def _assigned(sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
         retirement.indexed = False  # the table changes with the assignment: index it again
         continuity.forget()  # a partition handed back may start where another worker committed
+        sought.clear()
 
     app.on_partitions_assigned.connect(_assigned)
 
@@ -579,7 +583,11 @@ def create_app(settings: Settings) -> faust.App:
     async def seek_back(gaps: dict[TP, int]) -> None:
         """Seek each partition back to the first record the consumer skipped (streams/
         offset_continuity.py), or to the earliest the broker still holds if retention took it."""
+        now = time.monotonic()
         for tp, missing in gaps.items():
+            if sought.get(tp, (None, 0.0))[0] == missing and now - sought[tp][1] < RESEEK_AFTER_S:
+                continue  # records fetched before the seek, still on their way: skipped, not sought again
+            sought[tp] = (missing, now)
             METER_SKIPPED_GAPS.inc()
             try:
                 earliest = (await app.consumer.earliest_offsets(tp)).get(tp) or 0

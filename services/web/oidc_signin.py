@@ -32,6 +32,7 @@ from allmende.services.api.oidc import IdentityProvider
 LOGIN_COOKIE = "allmende_login"  # binds a sign-in's `state` to the browser that started it
 LOGIN_TTL_S = 600
 MAX_PENDING = 10_000
+NO_IDP = "No identity provider is configured here: sign in with a token."
 
 router = APIRouter(prefix="/auth", include_in_schema=False)
 
@@ -100,7 +101,7 @@ def _refusal(request: Request, status: int, message: str) -> Response:
 async def login(request: Request) -> Response:
     idp = _idp(request)
     if idp is None:
-        return _refusal(request, 404, "No identity provider is configured here: sign in with a token.")
+        return _refusal(request, 404, NO_IDP)
     settings: Settings = request.app.state.settings
     try:
         provider = await run_in_threadpool(idp.provider)
@@ -130,7 +131,7 @@ async def login(request: Request) -> Response:
 async def callback(request: Request) -> Response:
     idp = _idp(request)
     if idp is None:
-        return _refusal(request, 404, "No identity provider is configured here: sign in with a token.")
+        return _refusal(request, 404, NO_IDP)
     settings: Settings = request.app.state.settings
     params = request.query_params
     if error := params.get("error"):

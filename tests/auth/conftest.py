@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from allmende.core.settings import Settings
 from allmende.testing.budget_harness import ADMIN, live_api, ok, plan_text
 from allmende.testing.keycloak import DIST, PAGES_CLIENT_ID, PAGES_CLIENT_SECRET, Keycloak, running_keycloak
 from allmende.testing.tagged_settings import tagged_settings
+from tests.browser.conftest import CHROMIUM_ARGS, chromium_path
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +73,12 @@ def idp_api(
         plan = {"text": plan_text(IDP_PLAN)}
         ok(httpx.post(f"{url}/v1/admin/plan/apply", json=plan, headers=ADMIN, timeout=60))
         yield IdpApi(url, settings, settings.oidc_clock_skew_s)
+
+
+# Module scope: the sync API keeps an event loop in the main thread while it runs (tests/browser).
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

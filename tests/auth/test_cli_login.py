@@ -8,23 +8,13 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from allmende.testing.keycloak import CLI_CLIENT_ID, CLI_CLIENT_SECRET, PASSWORDS, Keycloak
 from tests.auth.conftest import IdpApi
-from tests.browser.conftest import CHROMIUM_ARGS, VIEWPORT, chromium_path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+from tests.browser.conftest import VIEWPORT
 
 
 def cli_env(keycloak: Keycloak, api: IdpApi, state: Path) -> dict[str, str]:

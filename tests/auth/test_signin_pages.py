@@ -8,20 +8,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page
 
 from allmende.services.api.auth import SESSION_COOKIE
 from allmende.testing.keycloak import PASSWORDS, Keycloak
 from tests.auth.conftest import IdpApi
-from tests.browser.conftest import CHROMIUM_ARGS, VIEWPORT, chromium_path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+from tests.browser.conftest import VIEWPORT
 
 
 @pytest.fixture
