@@ -28,6 +28,7 @@ from allmende.schemas.admin_events import (
     AgreementGranted,
     AgreementRevoked,
     AllocationAdjusted,
+    AllocationExtended,
     AllocationGranted,
     ClusterDeclared,
     FixedWindowSpec,
@@ -94,6 +95,15 @@ def _depth(nodes: dict[str, str | None], node_id: str) -> int:
     while current is not None and depth <= len(nodes):
         depth, current = depth + 1, nodes.get(current)
     return depth
+
+
+def _planned_end(state: AdminState, allocation: Allocation, period_end: int) -> int:
+    """The end a plan gave the allocation: an approved extension (AllocationExtended) moved it on,
+    and the allocation is still the plan's."""
+    extended = allocation.end > period_end and any(
+        isinstance(state.by_id.get(e), AllocationExtended) for e in allocation.event_ids
+    )
+    return period_end if extended else allocation.end
 
 
 def diff(
@@ -179,7 +189,8 @@ def diff(
                 Change("grant", f"allocation {allocation_id}", hours(a.amount_units), event, where)
             )
             continue
-        if (held_alloc.project, held_alloc.start, held_alloc.end, held_alloc.cluster, held_alloc.gpu_type,
+        end = _planned_end(state, held_alloc, period[1])
+        if (held_alloc.project, held_alloc.start, end, held_alloc.cluster, held_alloc.gpu_type,
                 held_alloc.rollover) != (a.project, *period, a.cluster, a.gpu_type, a.rollover):  # fmt: skip
             raise PlanConflict(
                 f"allocation {allocation_id} exists with another project, period or scope; "
@@ -215,7 +226,7 @@ def diff(
         # this plan's period: the same plan name for the next quarter leaves the last one alone.
         unspent = held_alloc.allocated_units - charged(held_alloc)
         take_back = max(0, min(set_part, unspent))
-        this_period = (held_alloc.start, held_alloc.end) == period
+        this_period = (held_alloc.start, _planned_end(state, held_alloc, period[1])) == period
         if (
             ours
             and this_period

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from allmende.domain.admin_state import AdminState
+from allmende.domain.admin_state import AdminRejected, AdminState
 from allmende.domain.allocations import UNITS_PER_GPU_HOUR
 from allmende.domain.plan import Change, PlanConflict, diff
 from allmende.domain.plan_file import PlanInvalid, parse_plan
@@ -15,6 +15,7 @@ from allmende.schemas.admin_events import (
     AgreementGranted,
     AgreementRevoked,
     AllocationAdjusted,
+    AllocationExtended,
     AllocationGranted,
     FixedWindowSpec,
     PolicyChanged,
@@ -775,3 +776,26 @@ def test_more_bad_plans_name_their_line_and_field(change: tuple[str, str], field
     with pytest.raises(PlanInvalid) as caught:
         parse_plan(text)
     assert any(name == field and line for line, name, _ in caught.value.problems), caught.value.problems
+
+
+def test_an_extended_allocation_is_still_the_plans_and_applying_the_plan_again_keeps_the_extension() -> None:
+    state = applied(PLAN)
+    allocation_id = "olmo-ft/2027-Q1"
+    extension = AllocationExtended(
+        event_id="api:request-grant:req-1", occurred_at=NOW, actor="root", reason="the cluster was down",
+        allocation_id=allocation_id, period_end=state.allocations[allocation_id].end + 14 * DAY,
+    )  # fmt: skip
+    state.check(extension, now=NOW)
+    state.apply(extension)
+    assert diff(parse_plan(PLAN), state, actor=ADMIN, now=NOW) == []  # nothing to change, no conflict
+    # the plan's amount still rules the allocation it extended
+    more = edited(PLAN, "{project: olmo-ft, gpu_hours: 1000}", "{project: olmo-ft, gpu_hours: 1200}")
+    assert summary(diff(parse_plan(more), state, actor=ADMIN, now=NOW)) == [
+        ("adjust", f"allocation {allocation_id}")
+    ]
+    # an extension never shortens: it ends later than the allocation does
+    shorter = extension.model_copy(
+        update={"event_id": "api:x", "period_end": state.allocations[allocation_id].end}
+    )
+    with pytest.raises(AdminRejected, match="ends later"):
+        state.check(shorter, now=NOW)
