@@ -59,6 +59,13 @@ class ProjectBurn:
     burn: BurnRate
     idle_units: int  # GPU-seconds x (1 - utilisation) x 10,000 (domain.squatting)
     leads: tuple[str, ...] = ()  # whom reminders by e-mail go to (the plan's leads of it and above)
+    # When the project's own allocations of the period end (the latest; an extension moves it),
+    # which expiry reminders count down to; None: the period's end.
+    allocations_end: int | None = None
+
+    @property
+    def ends_at(self) -> int:
+        return self.burn.period_end if self.allocations_end is None else self.allocations_end
 
 
 def share_label(share: Fraction) -> str:
@@ -179,8 +186,8 @@ def days_before_end(burn: BurnRate) -> int | None:
     return None if at is None else (burn.period_end - at) // SECONDS_PER_DAY
 
 
-def holds(burn: BurnRate, condition: str, thresholds: Thresholds) -> bool:
-    """Whether the condition is true of the burn rate."""
+def holds(burn: BurnRate, condition: str, thresholds: Thresholds, ends_at: int | None = None) -> bool:
+    """Whether the condition is true of the burn rate (`ends_at`: when the project's allocations end)."""
     if burn.allocated_units <= 0:
         return False
     if condition == EARLY_EXHAUSTION:
@@ -188,7 +195,8 @@ def holds(burn: BurnRate, condition: str, thresholds: Thresholds) -> bool:
         return days is not None and days > thresholds.days_early
     if condition.startswith(EXPIRES_IN):
         ahead = int(condition.removeprefix(EXPIRES_IN).removesuffix("d")) * SECONDS_PER_DAY
-        return burn.as_of < burn.period_end <= burn.as_of + ahead
+        end = burn.period_end if ends_at is None else ends_at
+        return burn.as_of < end <= burn.as_of + ahead
     share = Fraction(condition.removeprefix(BUDGET_SHARE))
     return burn.spent_share is not None and burn.spent_share >= share
 
@@ -203,7 +211,7 @@ def evaluate(
     for pb in burns:
         for condition in configured:
             key = (pb.project, pb.period, condition)
-            true, active = holds(pb.burn, condition, thresholds), work.is_active(key)
+            true, active = holds(pb.burn, condition, thresholds, pb.ends_at), work.is_active(key)
             if true and not active:
                 crossing = work.raised.get(key, 0) + 1
                 events.append(_event(BurnWarningRaised, pb, condition, crossing, now))
@@ -293,11 +301,12 @@ def message(pb: ProjectBurn, condition: str, *, raised: bool, why: str = "resolv
         verb = "will run out" if raised else "is now forecast to run out"
         return f"Project {p} {verb} of budget on {_day(at)}, {before} before {period} ends ({rate})."
     if condition.startswith(EXPIRES_IN):
+        end = pb.ends_at
         if not raised:
-            return f"Project {p}'s {period} allocations now end on {_day(b.period_end)}: the reminder ends."
-        left = _days(-(-(b.period_end - b.as_of) // SECONDS_PER_DAY))
+            return f"Project {p}'s {period} allocations now end on {_day(end)}: the reminder ends."
+        left = _days(-(-(end - b.as_of) // SECONDS_PER_DAY))
         return (
-            f"Project {p}'s {period} allocations end on {_day(b.period_end)}, in {left}: {_spent(b)}. "
+            f"Project {p}'s {period} allocations end on {_day(end)}, in {left}: {_spent(b)}. "
             "What is unused then expires; ask for an extension on the project's page if you need one."
         )
     share = Fraction(condition.removeprefix(BUDGET_SHARE))

@@ -35,6 +35,10 @@ class AlertMailer:
         self.settings = settings
         self.known = _addresses(settings.lead_emails)
         self.template = settings.email_address_template
+        if self.template:
+            self.template.format(name="lead")  # a template naming another field fails at start
+        if settings.smtp_username and not settings.smtp_starttls:
+            raise ValueError("ALLMENDE_SMTP_USERNAME needs ALLMENDE_SMTP_STARTTLS=true: no password in clear")
 
     @staticmethod
     def enabled(settings: Settings) -> bool:
@@ -55,7 +59,16 @@ class AlertMailer:
         return mail
 
     def send(self, event: BurnWarningRaised, leads: Sequence[str]) -> bool:
-        """Mail the warning to the leads with an address; whether the server took it."""
+        """Mail the warning to the leads with an address; whether the server took it. Never
+        raises: a mail is a courtesy beside the published warning."""
+        try:
+            return self._send(event, leads)
+        except Exception as exc:  # a template naming another field, a header the server refuses...
+            ALERT_MAILS.labels("failed").inc()
+            log.warning("alert_mail_failed", event_id=event.event_id, error=repr(exc))
+            return False
+
+    def _send(self, event: BurnWarningRaised, leads: Sequence[str]) -> bool:
         to = sorted({a for lead in leads if (a := self.address_of(lead))})
         if not to:
             log.info(

@@ -56,34 +56,42 @@ def _client(settings: Settings) -> OAuth2Client:
     )
 
 
-def _keep(settings: Settings, token: dict[str, Any]) -> None:
+def _keep(settings: Settings, token: dict[str, Any], grant: str) -> None:
     path = token_file(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.chmod(0o600)
     kept = {k: token[k] for k in ("access_token", "refresh_token", "expires_at") if k in token}
-    path.write_text(json.dumps(kept))
+    path.write_text(json.dumps({**kept, "grant": grant}))
 
 
 def stored_token(settings: Settings) -> str | None:
-    """The kept access token (refreshed when it has expired and a refresh token is kept); None."""
+    """The kept access token, renewed once it has expired (its refresh token; a script's client
+    credentials again); None when nobody signed in. A sign-in that cannot be renewed ends the
+    command: never a quiet fall-back to another identity."""
     path = token_file(settings)
     if not settings.oidc_issuer or not path.exists():
         return None
     try:
         token = json.loads(path.read_text())
     except ValueError:
-        return None
+        token = {}
     if float(token.get("expires_at", 0)) - EARLY_S > time.time():
         return str(token["access_token"])
-    if not token.get("refresh_token"):
-        return None
+    grant = str(token.get("grant", "device"))
     try:
         with _client(settings) as client:
-            fresh = client.refresh_token(_discovery(settings)["token_endpoint"], token["refresh_token"])
-    except (OAuthError, httpx.HTTPError):
-        return None  # signed out at the IdP, or it is away: the command goes on without
-    _keep(settings, dict(fresh))
+            endpoint = _discovery(settings)["token_endpoint"]
+            if grant == "client_credentials":
+                fresh = client.fetch_token(endpoint, grant_type="client_credentials")
+            elif token.get("refresh_token"):
+                fresh = client.refresh_token(endpoint, token["refresh_token"])
+            else:
+                raise OAuthError("expired", "the token expired and has no refresh token")
+    except (OAuthError, httpx.HTTPError) as exc:
+        console.print(f"[red]the identity provider's sign-in has ended ({exc}): run allmende login[/red]")
+        raise typer.Exit(1) from None
+    _keep(settings, dict(fresh), grant)
     return str(fresh["access_token"])
 
 
@@ -104,7 +112,7 @@ def login(
         except OAuthError as exc:
             console.print(f"[red]the identity provider refused: {exc.error}: {exc.description or ''}[/red]")
             raise typer.Exit(1) from None
-    _keep(settings, dict(token))
+    _keep(settings, dict(token), "client_credentials" if client_credentials else "device")
     console.print(f"signed in; the token is kept in {token_file(settings)}")
 
 

@@ -369,8 +369,14 @@ class DashboardViews:
         idle = _idle_in(days, period)
         projects = sorted({a.project for a in state.allocations.values() if a.period == period.name})
         burns = self.project_burns_of(state, projects, period, False, days)
+        ends: dict[str, int] = {}
+        for a in state.allocations.values():
+            if a.period == period.name:
+                ends[a.project] = max(ends.get(a.project, a.end), a.end)
         return [
-            ProjectBurn(p, period.name, burns[p][0], idle.get(p, 0), tuple(sorted(state.leads_of(p))))
+            ProjectBurn(
+                p, period.name, burns[p][0], idle.get(p, 0), tuple(sorted(state.leads_of(p))), ends.get(p)
+            )
             for p in projects
         ]
 

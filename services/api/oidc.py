@@ -150,10 +150,14 @@ class IdentityProvider:
         assert self._jwks is not None  # set with the provider
         try:
             key = self._jwks.get_signing_key_from_jwt(token)
+            # The key's own algorithm only: a header naming another cannot pick how it is checked.
+            allowed = [key.algorithm_name] if key.algorithm_name in ALGORITHMS else []
+            if not allowed:
+                raise TokenRejected(f"the issuer's key {key.key_id} is not for an asymmetric algorithm")
             claims: dict[str, Any] = jwt.decode(
                 token,
-                key.key,
-                algorithms=ALGORITHMS,
+                key,
+                algorithms=allowed,
                 audience=audience,
                 issuer=provider.issuer,
                 leeway=self.leeway_s,
@@ -165,8 +169,8 @@ class IdentityProvider:
             raise TokenRejected(f"the token is not meant for {audience}") from exc
         except jwt.InvalidIssuerError as exc:
             raise TokenRejected(f"the token was not issued by {provider.issuer}") from exc
-        except (jwt.PyJWKClientError, jwt.InvalidTokenError) as exc:
-            raise TokenRejected(f"the token is not valid: {exc}") from exc
+        except (jwt.PyJWTError, TypeError, ValueError, KeyError) as exc:  # whatever a forged token holds
+            raise TokenRejected(f"the token is not valid: {type(exc).__name__}: {exc}"[:300]) from exc
         if nonce is not None and claims.get("nonce") != nonce:
             raise TokenRejected("the ID token's nonce is not the sign-in's")
         return claims

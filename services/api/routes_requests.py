@@ -36,6 +36,7 @@ from allmende.services.api.admin_models import (
     AllocationRequestOut,
     CommandResult,
     DecisionIn,
+    EventOut,
     hours_to_units,
 )
 from allmende.services.api.auth import Admin, Principal, Reader
@@ -179,9 +180,14 @@ async def decide(request_id: RequestId, body: DecisionIn, admin: Admin, service:
     if request is None:
         raise HTTPException(404, f"no request {request_id!r}")
     wanted = "approved" if body.decision == "approve" else "denied"
-    if request.decided is not None and request.decided.decision != wanted:  # not a retry
+    if request.decided is not None:
         held = request.decided
-        raise HTTPException(409, f"request {request_id} was {held.decision} by {held.actor} already")
+        if held.decision != wanted:
+            raise HTTPException(409, f"request {request_id} was {held.decision} by {held.actor} already")
+        # A retry: what the decision wrote, unchanged (its grant may have changed what a new
+        # approval would build, e.g. the allocation it created now exists).
+        granted = state.by_id.get(held.granted_event_id) if held.granted_event_id else None
+        return CommandResult(applied=[], unchanged=[EventOut.of(e) for e in (granted, held) if e is not None])
     events: list[AdminEvent] = []
     try:
         if body.decision == "approve":

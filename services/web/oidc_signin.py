@@ -71,6 +71,12 @@ def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
+def _secure(request: Request) -> bool:
+    """Over TLS: the request's scheme, or the public URL's behind a proxy that terminates TLS."""
+    settings: Settings = request.app.state.settings
+    return (settings.public_url or str(request.url)).startswith("https://")
+
+
 def _base_url(request: Request, settings: Settings) -> str:
     return (settings.public_url or str(request.base_url)).rstrip("/")
 
@@ -121,7 +127,7 @@ async def login(request: Request) -> Response:
         max_age=LOGIN_TTL_S,
         httponly=True,
         samesite="lax",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
         path="/auth",
     )
     return response
@@ -184,7 +190,7 @@ async def callback(request: Request) -> Response:
         max_age=int(book.sessions.ttl_s),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_secure(request),
         path="/",
     )
     response.delete_cookie(LOGIN_COOKIE, path="/auth")

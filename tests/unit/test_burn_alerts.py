@@ -345,9 +345,13 @@ def test_a_reminder_comes_once_when_the_period_ends_within_its_days_and_an_exten
     assert kinds(round_of(state, project(last), thresholds=reminders)) == [
         ("BurnWarningRaised", "expires-in:3d", 1)
     ]
-    # extended by a month: both reminders end
-    extended = burn_of(as_of=Q1_END - 2 * DAY, end=Q1_END + 30 * DAY, charged_h=1_000, rate_h=10)
-    assert sorted(kinds(round_of(state, project(extended), thresholds=reminders))) == [
+    # another project's extension (the period's end moves on) does not end vision's reminders
+    wider = burn_of(as_of=Q1_END - 2 * DAY, end=Q1_END + 30 * DAY, charged_h=1_000, rate_h=10)
+    own_end = ProjectBurn("vision", "2027-Q1", wider, 0, (), Q1_END)
+    assert round_of(state, own_end, thresholds=reminders) == []
+    # vision's own allocations extended by a month: both reminders end
+    extended = ProjectBurn("vision", "2027-Q1", wider, 0, (), Q1_END + 30 * DAY)
+    assert sorted(kinds(round_of(state, extended, thresholds=reminders))) == [
         ("BurnWarningCleared", "expires-in:14d", 1),
         ("BurnWarningCleared", "expires-in:3d", 1),
     ]

@@ -7,11 +7,14 @@
 (function () {
   const A = window.Allmende;
 
-  A.postJSON = async (path, body) => {
+  // One Idempotency-Key per submission: a double click asks once.
+  A.postJSON = async (path, body, key) => {
+    const headers = { Accept: "application/json", "Content-Type": "application/json" };
+    if (key) headers["Idempotency-Key"] = key;
     const response = await fetch(path, {
       method: "POST",
       credentials: "same-origin",
-      headers: { Accept: "application/json", "Content-Type": "application/json" },
+      headers,
       body: JSON.stringify(body),
     });
     if (response.status === 401) {
@@ -69,6 +72,8 @@
       };
       kind.addEventListener("change", show);
       show();
+      let key = crypto.randomUUID();
+      form.addEventListener("input", () => (key = crypto.randomUUID())); // another request
       form.addEventListener("submit", async (event) => {
         event.preventDefault();
         const f = form.elements;
@@ -81,7 +86,7 @@
         }
         const status = A.$("#request-status");
         try {
-          await A.postJSON(path, body);
+          await A.postJSON(path, body, key);
           status.textContent = "Asked. An admin will decide.";
           status.className = "ok";
           form.reset();
