@@ -103,6 +103,12 @@ def quarter_start(at: int) -> int:
     return int(dt.datetime(moment.year, 3 * ((moment.month - 1) // 3) + 1, 1, tzinfo=dt.UTC).timestamp())
 
 
+def quarter_of(at: int) -> str:
+    """The label of the UTC calendar quarter holding `at`: `2027-Q1`."""
+    moment = dt.datetime.fromtimestamp(at, dt.UTC)
+    return f"{moment.year}-Q{(moment.month - 1) // 3 + 1}"
+
+
 def quarter_bounds(label: str) -> tuple[int, int]:
     """`2027-Q1` -> [2027-01-01T00:00Z, 2027-04-01T00:00Z) in UTC Unix seconds."""
     try:

@@ -77,8 +77,6 @@ log = structlog.get_logger(__name__)
 # Events per batch and the longest a batch waits to fill: bounds both latency and memory.
 BATCH_MAX = 5_000
 BATCH_WITHIN_S = 0.2
-# A seek back to a gap is not repeated for records fetched before it (still arriving) for this long.
-RESEEK_AFTER_S = 5.0
 DISPUTES_CHECK_S = 2.0  # how often the admin log is read for disputes of jobs no event brings
 
 
@@ -382,7 +380,7 @@ def create_app(settings: Settings) -> faust.App:
     # the same partitions, so a job's samples reach the worker holding its state, and a batch's
     # JobSubmitted attributes the samples beside it.
     sources = [settings.job_events_topic]
-    if settings.meter_gpu_samples:  # ALLMENDE_METER_GPU_SAMPLES: off by default (settings.py says why)
+    if settings.meter_gpu_samples:  # ALLMENDE_METER_GPU_SAMPLES (default on; off: events only)
         sources.append(settings.gpu_samples_topic)
     job_records = app.topic(
         *sources, key_serializer="raw", value_serializer="raw", partitions=settings.topic_partitions
@@ -412,12 +410,10 @@ def create_app(settings: Settings) -> faust.App:
     retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
 
     continuity: OffsetContinuity[TP] = OffsetContinuity()
-    sought: dict[TP, tuple[int, float]] = {}  # per partition: the last seek back (offset, monotonic time)
 
     async def _assigned(sender: Any, /, *_: Any, signal: Any, **__: Any) -> None:
         retirement.indexed = False  # the table changes with the assignment: index it again
         continuity.forget()  # a partition handed back may start where another worker committed
-        sought.clear()
 
     app.on_partitions_assigned.connect(_assigned)
 
@@ -574,10 +570,10 @@ def create_app(settings: Settings) -> faust.App:
                 kept, gaps = continuity.admit((e.message.tp, e.message.offset) for e in batch)
                 if gaps:
                     uncommittable(gaps)  # before any await: faust's commit loop must not pass them
-                    await seek_back(gaps)
-                in_order = [event for event, keep in zip(batch, kept, strict=True) if keep]
-                if in_order:
-                    await meter_batch(in_order)
+                    await seek_back(continuity.to_seek(gaps, time.monotonic()))
+                    batch = [event for event, keep in zip(batch, kept, strict=True) if keep]
+                if batch:
+                    await meter_batch(batch)
             except Exception as exc:
                 _end_before_acks(exc, batch)
 
@@ -598,11 +594,7 @@ def create_app(settings: Settings) -> faust.App:
     async def seek_back(gaps: dict[TP, int]) -> None:
         """Seek each partition back to the first record the consumer skipped (streams/
         offset_continuity.py), or to the earliest the broker still holds if retention took it."""
-        now = time.monotonic()
         for tp, missing in gaps.items():
-            if sought.get(tp, (None, 0.0))[0] == missing and now - sought[tp][1] < RESEEK_AFTER_S:
-                continue  # records fetched before the seek, still on their way: skipped, not sought again
-            sought[tp] = (missing, now)
             METER_SKIPPED_GAPS.inc()
             try:
                 earliest = (await app.consumer.earliest_offsets(tp)).get(tp) or 0
@@ -610,7 +602,7 @@ def create_app(settings: Settings) -> faust.App:
                 await app.consumer.seek(tp, target)
             except Exception as exc:  # tried again at the next batch; a rebalance forgets it
                 log.warning("meter_seek_back_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
-                sought.pop(tp, None)
+                continuity.seek_failed(tp)
                 continue
             log.warning(
                 "meter_records_skipped",
@@ -619,7 +611,7 @@ def create_app(settings: Settings) -> faust.App:
                 first_missing=missing,
                 seek_to=target,
             )
-            continuity.expected[tp] = target
+            continuity.sought_to(tp, target)
 
     async def meter_batch(batch: list[EventT[bytes]]) -> None:
         """Give every event of the batch its fate (counted or dead-lettered) and make it durable.

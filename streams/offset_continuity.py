@@ -24,17 +24,42 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 Partition = TypeVar("Partition")
+# A seek back to a gap is not repeated for records fetched before it (still arriving) for this long.
+RESEEK_AFTER_S = 5.0
 
 
 @dataclass
 class OffsetContinuity(Generic[Partition]):
-    """Per partition, the offset of the record expected next (pure: the caller seeks)."""
+    """Per partition, the offset of the record expected next, and the last seek back to a gap
+    (offset, monotonic instant). Pure: the caller seeks."""
 
     expected: dict[Partition, int] = field(default_factory=dict)
+    sought: dict[Partition, tuple[int, float]] = field(default_factory=dict)
 
     def forget(self) -> None:
         """A new assignment: each partition starts wherever its first record is."""
         self.expected.clear()
+        self.sought.clear()
+
+    def to_seek(self, gaps: dict[Partition, int], now: float) -> dict[Partition, int]:
+        """The gaps to seek back to now: not one sought less than RESEEK_AFTER_S ago (the records
+        fetched before that seek are still arriving, and are skipped without another)."""
+        due = {}
+        for partition, missing in gaps.items():
+            last = self.sought.get(partition)
+            if last is not None and last[0] == missing and now - last[1] < RESEEK_AFTER_S:
+                continue
+            self.sought[partition] = (missing, now)
+            due[partition] = missing
+        return due
+
+    def sought_to(self, partition: Partition, offset: int) -> None:
+        """The partition was sought back to `offset`: its records come again from there."""
+        self.expected[partition] = offset
+
+    def seek_failed(self, partition: Partition) -> None:
+        """Seek again at the next gap seen (a rebalance forgets it anyway)."""
+        self.sought.pop(partition, None)
 
     def admit(self, records: Iterable[tuple[Partition, int]]) -> tuple[list[bool], dict[Partition, int]]:
         """For each (partition, offset) in order: whether to meter it; and per partition with a gap,

@@ -22,6 +22,8 @@ from authlib.integrations.httpx_client import OAuth2Client
 from rich.console import Console
 
 from allmende.core.settings import Settings
+from allmende.services.api.auth import TokenRejected
+from allmende.services.api.oidc import IdentityProvider, Provider
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 EARLY_S = 30  # refresh a token this long before it expires
@@ -32,19 +34,16 @@ def token_file(settings: Settings) -> Path:
     return settings.state_dir / "oidc-token.json"
 
 
-def _discovery(settings: Settings) -> dict[str, Any]:
+def _provider(settings: Settings) -> Provider:
+    """The issuer's endpoints, from its discovery document (the API's own reader of it)."""
     if not settings.oidc_issuer:
         console.print("[red]no identity provider: set ALLMENDE_OIDC_ISSUER (docs/auth.md)[/red]")
         raise typer.Exit(2)
-    url = f"{settings.oidc_issuer.rstrip('/')}/.well-known/openid-configuration"
     try:
-        response = httpx.get(url, timeout=10)
-        response.raise_for_status()
-        found: dict[str, Any] = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        console.print(f"[red]the identity provider's discovery document ({url}): {exc}[/red]")
+        return IdentityProvider(settings).provider()
+    except TokenRejected as exc:
+        console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    return found
 
 
 def _client(settings: Settings) -> OAuth2Client:
@@ -81,7 +80,7 @@ def stored_token(settings: Settings) -> str | None:
     grant = str(token.get("grant", "device"))
     try:
         with _client(settings) as client:
-            endpoint = _discovery(settings)["token_endpoint"]
+            endpoint = _provider(settings).token_endpoint
             if grant == "client_credentials":
                 fresh = client.fetch_token(endpoint, grant_type="client_credentials")
             elif token.get("refresh_token"):
@@ -102,13 +101,13 @@ def login(
 ) -> None:
     """Sign in with the organisation's identity provider; later commands send its token."""
     settings = Settings()
-    doc = _discovery(settings)
+    provider = _provider(settings)
     with _client(settings) as client:
         try:
             if client_credentials:
-                token = client.fetch_token(doc["token_endpoint"], grant_type="client_credentials")
+                token = client.fetch_token(provider.token_endpoint, grant_type="client_credentials")
             else:
-                token = _device_flow(client, doc)
+                token = _device_flow(client, provider)
         except OAuthError as exc:
             console.print(f"[red]the identity provider refused: {exc.error}: {exc.description or ''}[/red]")
             raise typer.Exit(1) from None
@@ -116,8 +115,8 @@ def login(
     console.print(f"signed in; the token is kept in {token_file(settings)}")
 
 
-def _device_flow(client: OAuth2Client, doc: dict[str, Any]) -> dict[str, Any]:
-    endpoint = doc.get("device_authorization_endpoint")
+def _device_flow(client: OAuth2Client, provider: Provider) -> dict[str, Any]:
+    endpoint = provider.device_authorization_endpoint
     if not endpoint:
         console.print("[red]the identity provider offers no device authorization grant[/red]")
         raise typer.Exit(2)
@@ -137,7 +136,7 @@ def _device_flow(client: OAuth2Client, doc: dict[str, Any]) -> dict[str, Any]:
     while time.monotonic() < deadline:
         time.sleep(interval)
         try:
-            return dict(client.fetch_token(doc["token_endpoint"], grant_type=DEVICE_GRANT,
+            return dict(client.fetch_token(provider.token_endpoint, grant_type=DEVICE_GRANT,
                                            device_code=grant["device_code"]))  # fmt: skip
         except OAuthError as exc:
             if exc.error == "authorization_pending":

@@ -46,6 +46,7 @@ class Provider:
     token_endpoint: str
     jwks_uri: str
     end_session_endpoint: str | None
+    device_authorization_endpoint: str | None  # `allmende login`'s device flow
 
 
 def _split(values: str) -> set[str]:
@@ -138,6 +139,7 @@ class IdentityProvider:
                     token_endpoint=doc["token_endpoint"],
                     jwks_uri=doc["jwks_uri"],
                     end_session_endpoint=doc.get("end_session_endpoint"),
+                    device_authorization_endpoint=doc.get("device_authorization_endpoint"),
                 )
                 self._fetched_at = time.monotonic()
                 self._jwks = PyJWKClient(

@@ -10,7 +10,6 @@ open request. Another project's lead gets 403, as for its balance.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from typing import Annotated, Literal
 
@@ -19,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from allmende.domain.admin_state import AdminState
 from allmende.domain.allocation_requests import AllocationRequest, request_id_of
-from allmende.domain.allocations import default_allocation_id, quarter_bounds
+from allmende.domain.allocations import default_allocation_id, quarter_bounds, quarter_of
 from allmende.schemas.admin_events import (
     AdminEvent,
     AgreementGranted,
@@ -48,11 +47,6 @@ router = APIRouter(prefix="/v1", tags=["requests"])
 RequestId = Annotated[str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
-def _quarter_of(at: int) -> str:
-    moment = dt.datetime.fromtimestamp(at, dt.UTC)
-    return f"{moment.year}-Q{(moment.month - 1) // 3 + 1}"
-
-
 def _out(state: AdminState, request: AllocationRequest) -> AllocationRequestOut:
     granted = request.decided.granted_event_id if request.decided else None
     return AllocationRequestOut.of(request, state.by_id.get(granted) if granted else None)
@@ -65,7 +59,7 @@ def _asked(
     if body.kind == "gpu-hours":
         if body.gpu_hours is None:
             raise ValueError("a request for GPU-hours says how many (gpu_hours)")
-        label = body.period or _quarter_of(service.now())
+        label = body.period or quarter_of(service.now())
         start, end = quarter_bounds(label)
         fields = {"amount_units": hours_to_units(body.gpu_hours), "period": label, "period_start": start,
                   "period_end": end, "cluster": body.cluster}  # fmt: skip
@@ -140,7 +134,7 @@ def _grant(
 ) -> AdminEvent:
     """The event an approval writes: what `budget apply` or the admin routes would."""
     asked, rid = request.asked, request.request_id
-    envelope = {**_base(service, admin, body.comment or asked.reason, rid, "request-grant")}
+    envelope = _base(service, admin, body.comment or asked.reason, rid, "request-grant")
     if asked.kind == "gpu-hours":
         assert asked.period is not None and asked.period_start is not None and asked.period_end is not None
         units = hours_to_units(body.gpu_hours) if body.gpu_hours is not None else asked.amount_units

@@ -97,6 +97,15 @@ def _idp(request: Request) -> IdentityProvider | None:
     return idp
 
 
+def _configured(request: Request) -> tuple[IdentityProvider, Settings] | Response:
+    """The IdP and the settings, or the page saying there is none."""
+    idp = _idp(request)
+    if idp is None:
+        return _refusal(request, 404, NO_IDP)
+    settings: Settings = request.app.state.settings
+    return idp, settings
+
+
 def _refusal(request: Request, status: int, message: str) -> Response:
     from allmende.services.web.routes import page  # the pages' templates (no import cycle at load)
 
@@ -105,10 +114,10 @@ def _refusal(request: Request, status: int, message: str) -> Response:
 
 @router.get("/login")
 async def login(request: Request) -> Response:
-    idp = _idp(request)
-    if idp is None:
-        return _refusal(request, 404, NO_IDP)
-    settings: Settings = request.app.state.settings
+    configured = _configured(request)
+    if isinstance(configured, Response):
+        return configured
+    idp, settings = configured
     try:
         provider = await run_in_threadpool(idp.provider)
     except TokenRejected as exc:
@@ -135,10 +144,10 @@ async def login(request: Request) -> Response:
 
 @router.get("/callback")
 async def callback(request: Request) -> Response:
-    idp = _idp(request)
-    if idp is None:
-        return _refusal(request, 404, NO_IDP)
-    settings: Settings = request.app.state.settings
+    configured = _configured(request)
+    if isinstance(configured, Response):
+        return configured
+    idp, settings = configured
     params = request.query_params
     if error := params.get("error"):
         detail = params.get("error_description", "")[:300]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allmende.streams.offset_continuity import OffsetContinuity
+from allmende.streams.offset_continuity import RESEEK_AFTER_S, OffsetContinuity
 
 
 def test_records_in_order_are_all_metered() -> None:
@@ -39,3 +39,17 @@ def test_a_new_assignment_starts_each_partition_where_its_first_record_is() -> N
     guard.forget()  # the partition went to another worker, which committed up to 500
     kept, gaps = guard.admit([("p0", 500)])
     assert kept == [True] and gaps == {}
+
+
+def test_a_gap_is_sought_once_while_the_records_fetched_before_the_seek_still_arrive() -> None:
+    guard: OffsetContinuity[str] = OffsetContinuity()
+    guard.admit([("p0", 160)])
+    _, gaps = guard.admit([("p0", 447)])
+    assert guard.to_seek(gaps, now=100.0) == {"p0": 161}
+    _, again = guard.admit([("p0", 448)])  # fetched before the seek
+    assert again == {"p0": 161} and guard.to_seek(again, now=102.0) == {}
+    assert guard.to_seek(again, now=100.0 + RESEEK_AFTER_S) == {"p0": 161}  # nothing came: again
+    guard.seek_failed("p0")
+    assert guard.to_seek(again, now=106.0) == {"p0": 161}  # a failed seek is tried at once
+    guard.forget()
+    assert guard.sought == {} and guard.expected == {}
