@@ -54,6 +54,7 @@ from allmende.streams.decision_writer import DecisionWriter
 from allmende.streams.fairshare_calculator import FairShareCalculator
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.streams.preemption_writer import PreemptionWriter
+from allmende.streams.sample_writer import SampleWriter
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +117,7 @@ class Components:
     writer: LedgerWriter | None = None
     decision_writer: DecisionWriter | None = None  # beside the ledger writer: every decision kept
     preemption_writer: PreemptionWriter | None = None  # and every preemption
+    sample_writer: SampleWriter | None = None  # and the GPUs' own samples (docs/dcgm.md)
     fairshare: FairShareCalculator | None = None
     admission: AdmissionService | None = None
     alerter: BurnAlerter | None = None
@@ -132,11 +134,12 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     store = LedgerStore(db, sole_writer=s.writer_enabled and db.embedded)
     await run_in_threadpool(ensure_topics, s)
     admin_log = AdminLog(s)
-    writer = decision_writer = preemption_writer = None
+    writer = decision_writer = preemption_writer = sample_writer = None
     if s.writer_enabled:
         # One admin log for both: a policy the API publishes is the writer's next price list.
         writer = LedgerWriter(s, store, admin_log=admin_log)
         decision_writer, preemption_writer = DecisionWriter(s, store), PreemptionWriter(s, store)
+        sample_writer = SampleWriter(s, store)
     await run_in_threadpool(admin_log.catch_up)
     fairshare = None
     if s.fairshare_enabled or s.admission_enabled:
@@ -152,7 +155,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         await run_in_threadpool(fairshare.ready.wait, s.startup_replay_timeout_s)
     # The writers start once admission can answer: their catch-up (the ledger's reconciliation
     # scans every posting) would otherwise take the cores the replay the scheduler waits for needs.
-    for keeper in (writer, decision_writer, preemption_writer):
+    for keeper in (writer, decision_writer, preemption_writer, sample_writer):
         if keeper is not None:
             keeper.start()
     admin = AdminService(
@@ -197,6 +200,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
     components = Components(
         db=db, store=store, tokens=TokenBook(s), admin_log=admin_log, admin=admin, dashboard=dashboard,
         writer=writer, decision_writer=decision_writer, preemption_writer=preemption_writer,
+        sample_writer=sample_writer,
         fairshare=fairshare, admission=admission,
         alerter=alerter,
         refused=RefusedLetters(s), tasks=[asyncio.create_task(loop) for loop in loops],
@@ -217,7 +221,7 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
             await run_in_threadpool(fairshare.stop)
         if writer is not None:
             await run_in_threadpool(writer.stop)
-        for keeper in (decision_writer, preemption_writer):
+        for keeper in (decision_writer, preemption_writer, sample_writer):
             if keeper is not None:
                 await run_in_threadpool(keeper.stop)
         await run_in_threadpool(admin_log.close)
@@ -240,7 +244,7 @@ def run_writer(s: Settings) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     store = LedgerStore(db)
-    histories = (DecisionWriter(s, store), PreemptionWriter(s, store))
+    histories = (DecisionWriter(s, store), PreemptionWriter(s, store), SampleWriter(s, store))
     for history in histories:
         history.start()
     try:
@@ -261,7 +265,6 @@ def meter_env(settings: Settings) -> dict[str, str]:
         "ALLMENDE_METER_DATA_DIR": str(settings.meter_data_dir),
         "ALLMENDE_CLOCK_SKEW_S": str(settings.clock_skew_s),
         "ALLMENDE_ENDED_JOB_RETENTION_S": str(settings.ended_job_retention_s),
-        "ALLMENDE_METER_GPU_SAMPLES": str(settings.meter_gpu_samples).lower(),
         "ALLMENDE_LOG_LEVEL": "INFO",
         "ALLMENDE_LOG_JSON": "false",
     }

@@ -1,27 +1,24 @@
-"""`bench/ingest.py --batch N`: GPU samples through the meter into the ledger (issue 24).
+"""`bench/ingest.py --batch N`: GPU samples from their topic into the ledger (issue 24).
 
-Jobs of a replayed ElasticFlow cluster are submitted (JobSubmitted on the job-events topic), then
-each runs on a node of its own for `--rounds` scrapes of 30 s, its GPUs idle (so every record
-makes a ledger row: the worst case for the ledger). The same samples are published twice, on
-fresh topics each: N GPUs per record (one record per node and scrape, as the collector publishes)
-and one GPU per record (each GPU as a node of its own). For each, the bench times one meter worker
-and the ledger writer (this process, embedded chDB) from the worker's "ready" until the ledger
-holds every row (`gpu_utilisation`), and prints samples/s, records/s and the ratio of the two
-paths, measured in the same run, with the CPU other processes took meanwhile.
+Jobs of a replayed ElasticFlow cluster each run on a node of their own for `--rounds` scrapes of
+30 s, their GPUs idle (so every record makes a ledger row: the worst case for the ledger). The
+same samples are published twice, on fresh topics each: N GPUs per record (one record per node
+and scrape, as the collector publishes) and one GPU per record (each GPU as a node of its own).
+For each, the bench first times a plain consumer that only reads and counts the topic (the floor:
+nothing can take records off the broker faster here), then the sample writer
+(streams/sample_writer.py, in this process, embedded chDB) from its start until `gpu_idle` holds
+every row; it prints samples/s, records/s, the writer against the floor, and the ratio of the two
+paths, all measured in the same run, with the CPU other processes took meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-
-from pipeline_timing import until_complete  # bench/: beside this script
 
 from allmende.core.clickhouse import Database
 from allmende.core.kafka_topics import ensure_topics
@@ -30,11 +27,10 @@ from allmende.core.replay import make_producer, timeline
 from allmende.core.settings import Settings
 from allmende.core.trace_files import read_trace
 from allmende.domain.traces import TraceFormat
-from allmende.schemas.events import JobSubmitted, encode_event
+from allmende.schemas.events import JobSubmitted
 from allmende.schemas.gpu_samples import GpuSample, GpuSamples, encode_gpu_samples, sample_id
-from allmende.streams.ledger_writer import LedgerWriter
-from allmende.testing.declared_plan import declare
-from allmende.testing.harness import MeterWorker
+from allmende.streams.sample_writer import SampleWriter
+from allmende.testing.harness import wait_until
 
 INTERVAL_S = 30
 
@@ -57,18 +53,16 @@ def _records(jobs: list[JobSubmitted], rounds: int, per_record: int, node_gpus: 
 def run_path(
     args: argparse.Namespace, bootstrap: str, work: Path, jobs: list[JobSubmitted], per_record: int, cpu: type
 ) -> dict[str, float]:
+    from ingest import raw_consume_rate  # bench/: beside this script (it imports this module)
+
     tag = f"bench{uuid.uuid4().hex[:8]}"
     settings = Settings(
         kafka_bootstrap_servers=bootstrap, clickhouse_dsn=f"chdb://{work / 'chdb'}", clickhouse_database=tag,
-        topic_prefix=tag, topic_partitions=args.partitions, meter_app_id=f"{tag}-meter",
-        meter_data_dir=work / tag / "faust", writer_group=f"{tag}-writer", log_json=False,
-        log_level="WARNING", meter_loop=args.loop, meter_gpu_samples=True,
+        topic_prefix=tag, topic_partitions=args.partitions, writer_group=f"{tag}-writer", log_json=False,
+        log_level="WARNING",
     )  # fmt: skip
     ensure_topics(settings)
-    declare(settings, jobs)
     producer = make_producer(bootstrap)
-    for job in jobs:
-        producer.send(settings.job_events_topic, key=job.job_id.encode(), value=encode_event(job))
     records = samples = 0
     t0 = time.perf_counter()
     for record in _records(jobs, args.rounds, per_record, args.gpus):
@@ -80,50 +74,35 @@ def run_path(
     produce_s = time.perf_counter() - t0
     print(f"  {per_record} GPU(s) per record: {records:,} records, {samples:,} samples published "
           f"({records / produce_s:,.0f} records/s)")  # fmt: skip
+    seen, read_s = raw_consume_rate(settings, settings.gpu_samples_topic, records)
+    floor = seen / read_s
+    print(f"  a plain consumer that only counts, same topic: {floor:,.0f} records/s")
 
-    ceiling = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "faust_ceiling.py"), bootstrap,
-         settings.gpu_samples_topic, str(records), args.loop],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    said = ceiling.stdout + ceiling.stderr
-    counting = float(said.split("RATE ", 1)[1].split()[0]) if "RATE " in said else 0.0
-    print(f"  faust agent that only counts, same topic: {counting:,.0f} records/s")
     db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
     db.migrate()
-    store = LedgerStore(db)
-    writer = LedgerWriter(settings, store)
+    writer = SampleWriter(settings, LedgerStore(db))
+    watching = cpu([])
+    t0 = time.perf_counter()
     writer.start()
-    worker = MeterWorker(settings, work / tag / "logs")
-    posted = [-1]
-    first_rows: list[float] = []
-
-    def complete() -> bool:
-        if writer.batches == posted[0]:  # ask chDB only after the writer posted a batch
-            return False
-        posted[0] = writer.batches
-        rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation")[0][0])
-        if rows and not first_rows:
-            first_rows.append(time.perf_counter())
-        if rows >= records:
-            first_rows.append(time.perf_counter())  # [first rows, all rows]
-        return rows >= records
-
-    took, other = until_complete(worker, writer, complete, cpu, "every row in the ledger")
-    rows = int(db.rows("SELECT count() FROM {db}.gpu_utilisation FINAL")[0][0])
+    try:
+        wait_until(
+            lambda: int(db.rows("SELECT count() FROM {db}.gpu_idle")[0][0]) >= records,
+            1800, "every row in the ledger", every=0.05,
+        )  # fmt: skip
+        took = time.perf_counter() - t0
+        other = watching.stop()
+    finally:
+        writer.stop()
+    rows = int(db.rows("SELECT count() FROM {db}.gpu_idle FINAL")[0][0])
     assert rows == records, f"{rows} rows for {records} records"
     print(
-        f"  through the meter into the ledger: {samples / took:,.0f} samples/s, {records / took:,.0f} "
-        f"records/s ({took:.2f} s from the worker's ready); rows {rows:,} == records; "
+        f"  through the sample writer into the ledger: {samples / took:,.0f} samples/s, "
+        f"{records / took:,.0f} records/s ({took:.2f} s from its start, {writer.batches} batches); "
+        f"rows {rows:,} == records; "
         f"CPU meanwhile: {other}"
     )
-    steady = first_rows[-1] - first_rows[0]
-    print(
-        f"  from the first rows in the ledger to the last: {samples / steady:,.0f} samples/s ({steady:.2f} s)"
-    )
-    if counting:
-        print(f"  records/s through the meter / counting agent: {records / took / counting:.1%}")
-    return {"samples_per_s": samples / took, "records_per_s": records / took}  # fmt: skip
+    print(f"  records/s through the writer / the plain consumer: {records / took / floor:.1%}")
+    return {"samples_per_s": samples / took, "records_per_s": records / took}
 
 
 def main(args: argparse.Namespace, bootstrap: str, trace: Path, cpu: type) -> None:

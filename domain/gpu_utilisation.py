@@ -5,8 +5,13 @@ A sample record (`schemas/gpu_samples.py`) stands for the scrape period before i
 (occurred_at - interval_s, occurred_at] with the job's GPUs on that node and their mean
 utilisation. Only rows under `LOW_CAP_BP` are kept (the squatting threshold may not exceed it):
 a missing row reads as busy, exactly as a piece missing from `low_pieces` does, so the firehose
-costs the ledger only what is idle. A row's identity is (project, job, node, end): a sample
-published or metered twice is the same row, in any order.
+costs the ledger only what is idle. A row's identity is (job, node, end): a sample written twice
+is the same row, in any order.
+
+Rows carry the job alone. Its project, user and cluster are the job's `JobAttribution` (the meter
+emits one from the job's JobSubmitted), joined when the rows are read: a sample never waits for
+its job's submission, and nothing that reads the firehose needs the job's state
+(streams/sample_writer.py).
 
 Samples never change what a job is charged; they only judge its time. A job with rows is judged
 by them alone (its scheduler-sent readings, if any, are not mixed in: two sources of one span
@@ -23,12 +28,35 @@ from allmende.domain.squatting import JobTotals, UsagePiece
 from allmende.schemas.gpu_samples import FULL_BP, MAX_GPUS_PER_NODE, GpuSamples
 
 LOW_CAP_BP = 2_500  # the squatting cap: `low_pieces` keeps the ledger's pieces under it too
-UTILISATION_KEY = "utilisation"  # the ledger-entry record holding rows: {"utilisation": [row, ...]}
-UNACCOUNTED_KEY = "unaccounted"  # and, beside them, GPUs busy with no job: {"unaccounted": [row, ...]}
+# Keys of the payloads the ledger-entry topic carries beside entries (a JSON object, not an array).
+ATTRIBUTION_KEY = "attribution"  # {"attribution": [[job, project, user, cluster], ...]}
+UTILISATION_KEY = "utilisation"  # rows with their attribution, as meters before 0.x sent them
+UNACCOUNTED_KEY = "unaccounted"  # GPUs busy with no job, as the same meters sent them
+
+
+class IdleRow(NamedTuple):
+    """One node's GPUs of one job over one scrape period, under the cap."""
+
+    job_id: str
+    node: str
+    start: int
+    end: int
+    gpus: int
+    utilization_bp: int
+
+
+class JobAttribution(NamedTuple):
+    """Whose a job's GPU samples are: from its JobSubmitted."""
+
+    job_id: str
+    project: str
+    user: str
+    cluster: str
 
 
 class UtilisationRow(NamedTuple):
-    """One node's GPUs of one job over one scrape period, under the cap."""
+    """An attributed row, as earlier meters published them on the ledger-entry topic (still read:
+    a replay of that topic meets them)."""
 
     project: str
     user: str
@@ -40,24 +68,28 @@ class UtilisationRow(NamedTuple):
     gpus: int
     utilization_bp: int
 
+    def split(self) -> tuple[IdleRow, JobAttribution]:
+        return (
+            IdleRow(self.job_id, self.node, self.start, self.end, self.gpus, self.utilization_bp),
+            JobAttribution(self.job_id, self.project, self.user, self.cluster),
+        )
+
 
 def mean_bp(record: GpuSamples) -> int:
     """The record's GPUs' mean utilisation, rounded down (integers: the same everywhere)."""
     return sum(s.utilization_bp for s in record.gpus) // len(record.gpus)
 
 
-def row_of(record: GpuSamples, cap_bp: int = LOW_CAP_BP) -> UtilisationRow | None:
-    """The row a job's sample record makes (unattributed), or None when its GPUs were busy (at or
-    over the cap) or it holds GPUs of no job."""
+def row_of(record: GpuSamples, cap_bp: int = LOW_CAP_BP) -> IdleRow | None:
+    """The row a job's sample record makes, or None when its GPUs were busy (at or over the cap)
+    or it holds GPUs of no job."""
     if record.job_id is None:
         return None
     bp = mean_bp(record)
     if bp >= cap_bp:
         return None
     end = record.occurred_at
-    return UtilisationRow(
-        "", "", "", record.job_id, record.node, end - record.interval_s, end, len(record.gpus), bp
-    )
+    return IdleRow(record.job_id, record.node, end - record.interval_s, end, len(record.gpus), bp)
 
 
 class UnaccountedRow(NamedTuple):
@@ -82,9 +114,14 @@ def unaccounted_of(record: GpuSamples) -> UnaccountedRow | None:
     return UnaccountedRow(record.node, end - record.interval_s, end, len(busy), sum(busy) // len(busy))
 
 
+def encode_attributions(found: Iterable[JobAttribution]) -> dict[str, Any]:
+    """A ledger-entry record's payload of job attributions."""
+    return {ATTRIBUTION_KEY: [list(a) for a in found]}
+
+
 def encode_rows(rows: Iterable[Sequence[Any]], unaccounted: Iterable[UnaccountedRow] = ()) -> dict[str, Any]:
-    """A record's payload: rows (UtilisationRow fields, in order) as JSON arrays; and rows of
-    unaccounted use (UnaccountedRow fields), if any."""
+    """The payload earlier meters sent: attributed rows (UtilisationRow fields, in order) and rows
+    of unaccounted use, if any. Kept for tests of the replay path."""
     payload: dict[str, Any] = {UTILISATION_KEY: [r if isinstance(r, list) else list(r) for r in rows]}
     found = [list(r) for r in unaccounted]
     if found:
@@ -93,19 +130,31 @@ def encode_rows(rows: Iterable[Sequence[Any]], unaccounted: Iterable[Unaccounted
 
 
 _TYPES = (str, str, str, str, str, int, int, int, int)
-
-
 _UNACCOUNTED_TYPES = (str, int, int, int, int)
+_ATTRIBUTION_TYPES = (str, str, str, str)
+_PAYLOAD_KEYS = {ATTRIBUTION_KEY, UTILISATION_KEY, UNACCOUNTED_KEY}
 
 
-def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
-    """The rows of one record's payload (`encode_rows`), each one the ledger can hold; else
-    ValueError saying why."""
-    items = data.get(UTILISATION_KEY) if isinstance(data, dict) else None
-    others = data.get(UNACCOUNTED_KEY, []) if isinstance(data, dict) else None
-    if not isinstance(items, list) or not isinstance(others, list):
-        raise ValueError('a utilisation record is {"utilisation": [row, ...], "unaccounted": [row, ...]}')
-    rows = []
+class Decoded(NamedTuple):
+    """What one object payload of the ledger-entry topic holds."""
+
+    idle: list[IdleRow]
+    attributions: list[JobAttribution]
+    unaccounted: list[UnaccountedRow]
+
+
+def decode_payload(data: Any) -> Decoded:
+    """The rows and attributions of one object payload (`encode_attributions`, `encode_rows`),
+    each one the ledger can hold; else ValueError saying why."""
+    if not isinstance(data, dict) or not data or not data.keys() <= _PAYLOAD_KEYS:
+        raise ValueError(
+            'an object on the ledger-entry topic is {"attribution": [...]} or'
+            ' {"utilisation": [row, ...], "unaccounted": [row, ...]}'
+        )
+    found = Decoded([], [], [])
+    items, others, owners = (data.get(k, []) for k in (UTILISATION_KEY, UNACCOUNTED_KEY, ATTRIBUTION_KEY))
+    if not isinstance(items, list) or not isinstance(others, list) or not isinstance(owners, list):
+        raise ValueError("rows and attributions are JSON arrays")
     for item in items:
         if not isinstance(item, list) or tuple(map(type, item)) != _TYPES:
             raise ValueError(f"not a utilisation row: {str(item)[:200]}")
@@ -116,8 +165,9 @@ def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
             and 0 <= row.utilization_bp < LOW_CAP_BP
         ):
             raise ValueError(f"utilisation row out of range: {str(item)[:200]}")
-        rows.append(row)
-    unaccounted = []
+        idle, owner = row.split()
+        found.idle.append(idle)
+        found.attributions.append(owner)
     for item in others:
         if not isinstance(item, list) or tuple(map(type, item)) != _UNACCOUNTED_TYPES:
             raise ValueError(f"not an unaccounted-use row: {str(item)[:200]}")
@@ -128,8 +178,12 @@ def decode_rows(data: Any) -> tuple[list[UtilisationRow], list[UnaccountedRow]]:
             and 0 < other.utilization_bp <= FULL_BP
         ):
             raise ValueError(f"unaccounted-use row out of range: {str(item)[:200]}")
-        unaccounted.append(other)
-    return rows, unaccounted
+        found.unaccounted.append(other)
+    for item in owners:
+        if not isinstance(item, list) or tuple(map(type, item)) != _ATTRIBUTION_TYPES or not item[0]:
+            raise ValueError(f"not a job attribution: {str(item)[:200]}")
+        found.attributions.append(JobAttribution(*item))
+    return found
 
 
 def job_pieces(rows: Sequence[tuple[int, int, int, int]], totals: JobTotals) -> list[UsagePiece]:

@@ -57,7 +57,6 @@ _GPUS_FROM_SUBMISSION = -1  # a start recovered from `started_at` takes the subm
 # written before utilisation was kept has 5 elements (read as busy).
 Boundary = list[Any]
 BUSY_BP = 10_000  # utilisation of a span without a reading
-PENDING_SAMPLES_MAX = 480  # a job's unattributed sample rows: 4 hours of one node at 30 s
 WITHHELD = (DISPUTED, DROPPED)  # dispute stages whose usage is charged to no project
 _Attribution = tuple[str, str, str, str, str, bool]
 _UNATTRIBUTED: _Attribution = (UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, UNATTRIBUTED, False)
@@ -124,28 +123,25 @@ class JobMeter:
     # Where the job's disputed usage stands (domain.admin_state.Dispute.stage) as its entries were
     # last emitted: the meter sets it from the admin log and re-emits every entry when it changes.
     dispute_stage: int = NOT_DISPUTED
-    # GPU sample rows (domain/gpu_utilisation.py) that came before the job's JobSubmitted, held
-    # to be attributed by it (at most PENDING_SAMPLES_MAX: the oldest give way, said so).
-    pending_samples: list[list[Any]] = field(default_factory=list)
 
     # -- persistence ---------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         state: dict[str, Any] = {"j": self.job_id, "s": self.submitted, "b": self.boundaries}
         if self.dispute_stage:
             state["d"] = self.dispute_stage
-        if self.pending_samples:
-            state["p"] = self.pending_samples
         return orjson.dumps(state)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> JobMeter:
         data = orjson.loads(raw)
         boundaries = [b if len(b) >= 6 else [*b, BUSY_BP] for b in data["b"]]
-        stage = data.get("d", NOT_DISPUTED)
+        # "p": GPU samples earlier meters held for a submission; the sample writer keeps them now.
         return cls(
-            job_id=data["j"], submitted=data["s"], boundaries=boundaries, dispute_stage=stage,
-            pending_samples=data.get("p", []),
-        )  # fmt: skip
+            job_id=data["j"],
+            submitted=data["s"],
+            boundaries=boundaries,
+            dispute_stage=data.get("d", NOT_DISPUTED),
+        )
 
     # -- commands -----------------------------------------------------------------------------
     def apply(self, event: JobEvent) -> list[LedgerEntry]:
@@ -213,16 +209,6 @@ class JobMeter:
         self.dispute_stage = stage
         return self.entries()
 
-    def hold_samples(self, rows: list[list[Any]]) -> list[list[Any]]:
-        """Keep sample rows until the job's submission attributes them; returns the rows that had
-        to give way (the oldest beyond PENDING_SAMPLES_MAX)."""
-        held = {(r[4], r[6]): r for r in self.pending_samples}  # (node, end): a duplicate once
-        held.update({(r[4], r[6]): r for r in rows})
-        ordered = sorted(held.values(), key=lambda r: (r[6], r[4]))
-        cut = max(0, len(ordered) - PENDING_SAMPLES_MAX)
-        self.pending_samples = ordered[cut:]
-        return ordered[:cut]
-
     def attribution(self) -> tuple[str, str, str] | None:
         """(project, user, cluster) for the job's GPU samples, or None before its submission.
         A disputed job's usage is unattributed, its samples are not: they judge, never charge."""
@@ -234,11 +220,10 @@ class JobMeter:
     # -- queries ------------------------------------------------------------------------------
     def last_instant(self) -> int | None:
         """The latest boundary's instant once the job has finished (a finish is final: no run
-        follows it), else None: a job still running or waiting is never let go of. A job known
-        only by GPU samples waiting for its submission: the latest sample's end (held one
-        retention, then let go of)."""
-        if self.submitted is None and not self.boundaries and self.pending_samples:
-            return max(int(r[6]) for r in self.pending_samples)
+        follows it), else None: a job still running or waiting is never let go of. A state with
+        neither (earlier meters kept one for GPU samples alone): 0, let go of at once."""
+        if self.submitted is None and not self.boundaries:
+            return 0
         if not any(b[1] == FINISH for b in self.boundaries):
             return None
         return int(max(b[0] for b in self.boundaries))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from allmende.core.clickhouse import Database
-from allmende.core.ledger_store import LOW_UTILIZATION_CAP_BP
+from allmende.core.ledger_store import LOW_UTILIZATION_CAP_BP, PROJECT_JOBS
 from allmende.domain.gpu_utilisation import job_pieces
 from allmende.domain.squatting import JobTotals, UsagePiece
 
@@ -156,9 +156,14 @@ class DashboardQueries:
             " UNION ALL SELECT 1, job_id, '', '', 0, last_end, 0, gpu_seconds, charge_units"
             "   FROM {db}.job_totals FINAL WHERE project = {p:String}"
             "   AND job_id IN (SELECT job_id FROM {db}.low_pieces WHERE project = {p:String}"
-            "     UNION DISTINCT SELECT job_id FROM {db}.gpu_utilisation WHERE project = {p:String})"
-            " UNION ALL SELECT 2, job_id, toString(user), toString(cluster), piece_start, piece_end,"
-            "   utilization_bp, gpus, 0 FROM {db}.gpu_utilisation FINAL WHERE project = {p:String})",
+            f"     UNION DISTINCT SELECT job_id FROM {{db}}.gpu_idle WHERE job_id IN ({PROJECT_JOBS}))"
+            # GPU samples carry the job alone: whose it is comes from job_attribution.
+            " UNION ALL SELECT 2, i.job_id, toString(a.user), toString(a.cluster), piece_start, piece_end,"
+            "   utilization_bp, gpus, 0 FROM {db}.gpu_idle AS i FINAL"
+            "   INNER JOIN (SELECT job_id, any(user) AS user, any(cluster) AS cluster"
+            "     FROM {db}.job_attribution WHERE project = {p:String} GROUP BY job_id) AS a"
+            "   ON i.job_id = a.job_id"
+            f"   WHERE i.job_id IN ({PROJECT_JOBS}))",
             {"p": project},
         )
         if not columns or not columns[0]:

@@ -26,8 +26,6 @@ from typing import Any
 
 import orjson
 import structlog
-from kafka import KafkaProducer
-from kafka.producer.future import FutureRecordMetadata
 
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.metrics import (
@@ -42,12 +40,12 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.charging import PolicyTimeline, flat_policy
-from allmende.domain.gpu_utilisation import UnaccountedRow, UtilisationRow, decode_rows
+from allmende.domain.gpu_utilisation import IdleRow, JobAttribution, UnaccountedRow, decode_payload
 from allmende.domain.postings import newest_per_entry, post
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.ledger import LedgerEntry, decode_entries, retired_job
 from allmende.streams.admin_log import AdminLog
-from allmende.streams.offsets_beside_data import OffsetsBesideData, Write
+from allmende.streams.offsets_beside_data import DeadLetters, OffsetsBesideData, Write
 
 log = structlog.get_logger(__name__)
 
@@ -160,7 +158,8 @@ class LedgerWriter(OffsetsBesideData):
     ) -> BatchResult:
         """Post (partition, offset, key, value) records; returns counts. Offsets not saved here."""
         entries: list[LedgerEntry] = []
-        utilisation: list[UtilisationRow] = []
+        idle: list[IdleRow] = []  # from earlier meters' attributed rows (a replay meets them)
+        attributions: list[JobAttribution] = []
         unaccounted: list[UnaccountedRow] = []
         refused = 0
         retired: list[str] = []
@@ -172,10 +171,11 @@ class LedgerWriter(OffsetsBesideData):
             # Whatever a record holds, it is refused here or posts below: nothing it holds may
             # raise out of the batch (the loop would retry the same batch for ever).
             try:
-                if value is not None and value[:1] == b"{":  # entries are arrays; rows an object
-                    rows, others = decode_rows(orjson.loads(value))
-                    utilisation.extend(rows)
-                    unaccounted.extend(others)
+                if value is not None and value[:1] == b"{":  # entries are arrays; the rest objects
+                    found = decode_payload(orjson.loads(value))
+                    idle.extend(found.idle)
+                    attributions.extend(found.attributions)
+                    unaccounted.extend(found.unaccounted)
                 else:
                     entries.extend(postable_entries(value))
                 continue
@@ -201,7 +201,8 @@ class LedgerWriter(OffsetsBesideData):
         current = self._cache.current(e.job_id for e in newest.values())
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
-        self.store.append_utilisation(utilisation, unaccounted)
+        self.store.append_attributions(attributions)
+        self.store.append_idle(idle, unaccounted)
         self._cache.accept(accepted.values())
         self._cache.forget(retired)  # after `accept`: the job's last entries may share the batch
         WRITER_ENTRIES_READ.inc(len(records))
@@ -216,8 +217,8 @@ class LedgerWriter(OffsetsBesideData):
 
     @contextmanager
     def _session_of_run(self) -> Iterator[Write]:
-        """What a run needs: the ledger reconciled, the admin log, a producer for dead letters;
-        and the function posting one batch."""
+        """What a run needs: the ledger reconciled, the admin log, the dead-letter producer; and
+        the function posting one batch."""
         s = self.settings
         # A batch whose INSERT failed may have landed all the same (a ClickHouse server that wrote
         # the part, then the answer was lost): the ledger, not this cache, says what is posted.
@@ -227,31 +228,20 @@ class LedgerWriter(OffsetsBesideData):
         if self.admin_log is None:
             self.admin_log = AdminLog(s, dead_letters=False)
         admin_log = self.admin_log
-        producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap_servers, linger_ms=20)
-
-        # Dead letters of the batch in hand. `flush` waits until each is done, delivered or not;
-        # each is checked before the offsets are saved, so a letter the broker did not take fails
-        # the batch (the loop retries it from the saved offsets) instead of being passed by.
-        letters: list[FutureRecordMetadata] = []
-
-        def dead_letter(record: DeadLetter) -> None:
-            letters.append(producer.send(s.dead_letter_topic, value=record.to_json()))
+        letters = DeadLetters(s)
 
         def write(batch: Sequence[Any]) -> None:
             records = [(r.partition, r.offset, r.key, r.value) for r in batch]
             with WRITER_BATCH_SECONDS.time(), self.posting_lock:
                 admin_log.catch_up()
-                self.post_batch(records, dead_letter, admin_log.timeline())
-                producer.flush()
-                for letter in letters:
-                    letter.get(timeout=0)  # raises what kept it from the broker
-                letters.clear()
+                self.post_batch(records, letters.send, admin_log.timeline())
+                letters.confirm()
                 self._save_offsets(batch)
 
         try:
             yield write
         finally:
-            producer.close(timeout=5)
+            letters.close()
             if self._owns_admin_log:
                 admin_log.close()
                 self.admin_log = None

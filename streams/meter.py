@@ -1,6 +1,6 @@
-"""The metering worker: a faust app that turns job events into ledger entries, and GPU samples
-into utilisation rows (docs/dcgm.md: idle rows attributed from the job's submission, held in its
-state until it comes; never a charge).
+"""The metering worker: a faust app that turns job events into ledger entries, and each job's
+submission into its attribution (whose its GPU samples are: docs/dcgm.md; the samples themselves
+go to the ledger by streams/sample_writer.py, not through here).
 
 Run it with `allmende worker` (any number of processes; they share the partitions). Faust's
 guarantee is at least once, so nothing here relies on exactly-once: the per-job meter state is
@@ -46,7 +46,6 @@ from allmende.core.metrics import (
     METER,
     METER_DEAD_LETTERS,
     METER_EVENTS,
-    METER_GPU_SAMPLES,
     METER_LAG_RECORDS,
     METER_LATE_EVENTS,
     METER_RETIRED_JOBS,
@@ -55,19 +54,12 @@ from allmende.core.metrics import (
 )
 from allmende.core.settings import Settings
 from allmende.domain.admin_state import DISPUTED, AdminState
-from allmende.domain.gpu_utilisation import (
-    UnaccountedRow,
-    UtilisationRow,
-    encode_rows,
-    row_of,
-    unaccounted_of,
-)
+from allmende.domain.gpu_utilisation import JobAttribution, encode_attributions
 from allmende.domain.metering import JobMeter, MeteringRejected
 from allmende.domain.postings import newest_per_entry
 from allmende.domain.usage_checks import ImpossibleUsage, PlanView, check_event
 from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.events import ContractError, JobEvent, JobSubmitted, parse_job_event
-from allmende.schemas.gpu_samples import parse_gpu_samples
 from allmende.schemas.ledger import LedgerEntry, encode_entries, encode_retired
 from allmende.streams.admin_log import AdminLog
 from allmende.streams.offset_continuity import OffsetContinuity
@@ -140,7 +132,7 @@ async def _producer_knows(app: faust.App, topic: str) -> None:
     await driver._ensure_producer().partitions_for(topic)
 
 
-ROWS_PER_RECORD = 2_000  # utilisation rows per record: about 200 KB, well under ENTRY_RECORD_MAX_BYTES
+ROWS_PER_RECORD = 2_000  # attributions per record: about 200 KB, well under ENTRY_RECORD_MAX_BYTES
 
 # A ledger-entry record stays this small: a job's burst of events (or a late JobSubmitted, which
 # re-emits every entry of the job) is split over several records rather than exceed the
@@ -376,15 +368,6 @@ def create_app(settings: Settings) -> faust.App:
         value_serializer="raw",
         partitions=settings.topic_partitions,
     )
-    # One agent reads the job events and the GPU samples (issue 24): both keyed by job id with
-    # the same partitions, so a job's samples reach the worker holding its state, and a batch's
-    # JobSubmitted attributes the samples beside it.
-    sources = [settings.job_events_topic]
-    if settings.meter_gpu_samples:  # ALLMENDE_METER_GPU_SAMPLES (default on; off: events only)
-        sources.append(settings.gpu_samples_topic)
-    job_records = app.topic(
-        *sources, key_serializer="raw", value_serializer="raw", partitions=settings.topic_partitions
-    )
     ledger_entries = app.topic(
         settings.ledger_entries_topic,
         key_serializer="raw",
@@ -403,9 +386,6 @@ def create_app(settings: Settings) -> faust.App:
     )
 
     decoded = _DecodedMeters()
-    SAMPLES_IDLE, SAMPLES_BUSY, SAMPLES_NO_JOB, SAMPLES_HELD, SAMPLES_GIVEN_WAY = (
-        METER_GPU_SAMPLES.labels(outcome) for outcome in ("idle", "busy", "no-job", "held", "given-way")
-    )
     plan = _Plan(settings)
     retirement = _Retirement(settings.ended_job_retention_s, settings.topic_partitions)
 
@@ -502,64 +482,7 @@ def create_app(settings: Settings) -> faust.App:
         emitted.extend(state.dispute(in_force.dispute_stage(job_id)))
         return state, emitted
 
-    def sample_row(
-        out: _Deliveries, event: EventT[bytes], unaccounted: list[UnaccountedRow]
-    ) -> UtilisationRow | None:
-        """The utilisation row a GPU sample record makes (None: busy, no job, or dead-lettered)."""
-        message = event.message
-        try:
-            if message.value is None:
-                raise ContractError("no value (a tombstone), not a GPU sample record")
-            record = parse_gpu_samples(message.value)
-            if message.key is not None and message.key != record.key:
-                raise ContractError(f"key {message.key[:100]!r} is not the record's {record.key!r}")
-        except ContractError as exc:
-            refuse(out, event, exc.reason, "contract")
-            return None
-        except Exception as exc:  # a record no rule foresaw: refused with what it raised
-            refuse(out, event, f"unexpected {type(exc).__name__}: {exc}", "unexpected")
-            return None
-        row = row_of(record)
-        if row is None:
-            (SAMPLES_NO_JOB if record.job_id is None else SAMPLES_BUSY).inc()
-            other = unaccounted_of(record)
-            if other is not None:
-                unaccounted.append(other)
-        return row
-
-    def sampled(
-        out: _Deliveries,
-        state: JobMeter,
-        items: list[tuple[EventT[bytes], UtilisationRow]],
-        horizon: int | None,
-        found: list[list[Any]],
-    ) -> None:
-        """Add to `found` the rows of the job's samples (and those it held, once attributed); hold
-        in `state` those it cannot attribute yet."""
-        attribution = state.attribution()
-        rows: list[list[Any]] = []
-        for event, row in items:
-            unknown = attribution is None and not state.boundaries and not state.pending_samples
-            if unknown and horizon is not None and row.end <= horizon:
-                METER_LATE_EVENTS.inc()
-                refuse(out, event, _late(state.job_id, row.end, horizon), "retired")
-                continue
-            rows.append(list(row))
-        if attribution is None:
-            given_way = state.hold_samples(rows)
-            SAMPLES_HELD.inc(len(rows))
-            if given_way:
-                SAMPLES_GIVEN_WAY.inc(len(given_way))
-                log.warning("gpu_samples_given_way", job=state.job_id, rows=len(given_way),
-                            why="held too long without the job's JobSubmitted")  # fmt: skip
-            return
-        held, state.pending_samples = state.pending_samples, []
-        for r in held + rows:
-            r[0:3] = attribution
-            found.append(r)
-        SAMPLES_IDLE.inc(len(rows))
-
-    @app.agent(job_records)
+    @app.agent(job_events)
     async def meter(stream: AsyncIterable[EventT[bytes]]) -> None:
         changelog_known = False
         async for batch in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
@@ -620,24 +543,14 @@ def create_app(settings: Settings) -> faust.App:
         What may raise is I/O that retrying did not mend, or a bug: see `_end_before_acks`.
         """
         out = _Deliveries(app)
-        # GPU samples are never checked against the plan: a batch of samples alone does not wait
-        # for the admin log (its round trip and thread would cost the firehose per batch).
-        events_in_batch = any(event.message.topic != gpu_samples_topic for event in batch)
-        in_force = await plan.current() if events_in_batch else plan.last
+        in_force = await plan.current()
         now = int(time.time())
         if not retirement.indexed:
             retirement.index(meters)
         by_job: dict[str, list[tuple[EventT[bytes], JobEvent]]] = defaultdict(list)
-        samples: dict[str, list[tuple[EventT[bytes], UtilisationRow]]] = defaultdict(list)
-        utilisation: list[list[Any]] = []  # the batch's attributed rows
-        unaccounted: list[UnaccountedRow] = []  # and its GPUs busy with no job
+        attributions: list[JobAttribution] = []  # whose the submitted jobs' GPU samples are
         latest: dict[int, int] = {}  # per partition: the clocks move once the batch is judged by them
         for event in batch:
-            if event.message.topic == gpu_samples_topic:
-                row = sample_row(out, event, unaccounted)
-                if row is not None:
-                    samples[row.job_id].append((event, row))
-                continue
             parsed = parsed_or_refused(out, event)
             if parsed is not None:
                 by_job[parsed.job_id].append((event, parsed))
@@ -645,41 +558,32 @@ def create_app(settings: Settings) -> faust.App:
                 at, partition = parsed.occurred_at, event.message.partition
                 if not isinstance(parsed, JobSubmitted) and at <= now + settings.clock_skew_s:
                     latest[partition] = max(latest.get(partition, at), at)
-        for job_id in by_job.keys() | samples.keys():
+        for job_id, items in by_job.items():
             key = job_id.encode()
             raw = meters.get(key)
-            items, sample_items = by_job.get(job_id, []), samples.get(job_id, [])
-            partition = (items or sample_items)[0][0].message.partition
-            horizon = retirement.horizon(partition)
-            if items:
-                state, emitted = metered(out, job_id, raw, items, in_force, now, horizon)
-            else:
-                state, emitted = decoded.get(job_id, raw), []
-            held = len(state.pending_samples)
-            if sample_items or held:
-                sampled(out, state, sample_items, horizon, utilisation)
-            if raw is None and not state.boundaries and state.submitted is None and not state.pending_samples:
+            partition = items[0][0].message.partition
+            state, emitted = metered(out, job_id, raw, items, in_force, now, retirement.horizon(partition))
+            if raw is None and not state.boundaries and state.submitted is None:
                 continue  # every record refused: nothing to keep
-            if items or held or state.pending_samples:  # what the table holds changed
-                raw = state.to_bytes()
-                meters[key] = raw
-            if raw is not None:  # always, past the `continue` above
-                decoded.put(job_id, raw, state)
+            raw = state.to_bytes()
+            meters[key] = raw
+            decoded.put(job_id, raw, state)
+            attribution = state.attribution()
+            # Each submission the batch brings says it again (a redelivery too): the ledger keeps
+            # one row per job whatever the repeats.
+            if attribution is not None and any(isinstance(parsed, JobSubmitted) for _, parsed in items):
+                attributions.append(JobAttribution(job_id, *attribution))
             emit(out, key, emitted)
             retirement.follow(partition, job_id, state)
             METER_EVENTS.inc(len(items))
-        # Rows are independent of one another and of the job's entries (keyed by content, never
-        # revised): a batch's rows go in as few records as fit, not one per job.
-        for first in range(0, len(utilisation), ROWS_PER_RECORD):
-            value = orjson.dumps(encode_rows(utilisation[first : first + ROWS_PER_RECORD]))
-            out.send(ledger_entries_topic, None, value)
-        for first in range(0, len(unaccounted), ROWS_PER_RECORD):
-            value = orjson.dumps(encode_rows([], unaccounted[first : first + ROWS_PER_RECORD]))
+        # Attributions are independent of one another and of the jobs' entries (keyed by job,
+        # never revised): a batch's go in as few records as fit, not one per job.
+        for first in range(0, len(attributions), ROWS_PER_RECORD):
+            value = orjson.dumps(encode_attributions(attributions[first : first + ROWS_PER_RECORD]))
             out.send(ledger_entries_topic, None, value)
         for partition, at in latest.items():
             retirement.saw(partition, at)
-        if events_in_batch:  # with the plan just caught up: a dispute raised keeps its job
-            retire(out, in_force, by_job.keys())
+        retire(out, in_force, by_job.keys())  # with the plan just caught up: a dispute keeps its job
         await out.delivered()
         note_lag(batch)
 
@@ -711,10 +615,6 @@ def create_app(settings: Settings) -> faust.App:
                     retirement.follow(partition, job_id, state)
                     continue
                 del meters[key]
-                if state.pending_samples:  # samples of a job whose submission never came
-                    SAMPLES_GIVEN_WAY.inc(len(state.pending_samples))
-                    log.warning("gpu_samples_given_way", job=job_id, rows=len(state.pending_samples),
-                                why="no JobSubmitted within the retention")  # fmt: skip
                 out.send(ledger_entries_topic, key, encode_retired(job_id, clock))
                 retired += 1
         if retired:
@@ -734,8 +634,6 @@ def create_app(settings: Settings) -> faust.App:
         last: dict[TP, int] = {}
         for event in batch:
             tp = event.message.tp
-            if tp.topic != job_events_topic:
-                continue  # the gauge is the job events' (its label is the partition alone)
             last[tp] = max(last.get(tp, -1), event.message.offset)
         for tp, offset in last.items():
             try:  # a figure, never a reason to fail the batch (a rebalance may have taken the partition)
@@ -777,6 +675,5 @@ def create_app(settings: Settings) -> faust.App:
 
     ledger_entries_topic = ledger_entries.get_topic_name()
     job_events_topic = job_events.get_topic_name()
-    gpu_samples_topic = settings.gpu_samples_topic
     dead_letters_topic = settings.dead_letter_topic
     return app

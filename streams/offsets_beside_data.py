@@ -17,13 +17,15 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import structlog
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.producer.future import FutureRecordMetadata
 from prometheus_client import Gauge
 
 from allmende.core.kafka_reading import LagWatch, wait_for_partitions
 from allmende.core.ledger_store import LedgerStore
 from allmende.core.settings import Settings
+from allmende.schemas.dead_letter import DeadLetter
 
 log = structlog.get_logger(__name__)
 RETRY_S = 2.0  # the wait before `run` starts again after a failure
@@ -34,6 +36,34 @@ IDLE_SAVE_EVERY_S = 10.0
 
 
 Write = Callable[[Sequence[Any]], object]  # writes a batch of consumer records, then their offsets
+
+
+class DeadLetters:
+    """A writer's refusals, sent to the dead-letter topic; `confirm` before the offsets are saved.
+
+    `confirm` waits until each letter of the batch is done, delivered or not, and raises what kept
+    one from the broker: the batch then fails and is read again from the saved offsets, so a
+    refusal is never passed by unrecorded.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._topic = settings.dead_letter_topic
+        self._producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, linger_ms=20)
+        self._letters: list[FutureRecordMetadata] = []
+
+    def send(self, record: DeadLetter) -> None:
+        self._letters.append(self._producer.send(self._topic, value=record.to_json()))
+
+    def confirm(self) -> None:
+        if not self._letters:
+            return
+        self._producer.flush()
+        for letter in self._letters:
+            letter.get(timeout=0)  # raises what kept it from the broker
+        self._letters.clear()
+
+    def close(self) -> None:
+        self._producer.close(timeout=5)
 
 
 class OffsetsBesideData:

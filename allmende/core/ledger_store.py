@@ -10,17 +10,19 @@ from dataclasses import dataclass
 
 from allmende.core.clickhouse import Database
 from allmende.domain.balances import ChargeRow
-from allmende.domain.gpu_utilisation import LOW_CAP_BP, UnaccountedRow, UtilisationRow
+from allmende.domain.gpu_utilisation import LOW_CAP_BP, IdleRow, JobAttribution, UnaccountedRow
 from allmende.domain.postings import Posting, PostingKind
 from allmende.schemas.admission_events import AdmissionDecided, encode_admission_event, parse_admission_event
 from allmende.schemas.events import JobPreempted
 from allmende.schemas.ledger import LedgerEntry
 
 _UNACCOUNTED_COLUMNS = ("node", "piece_start", "piece_end", "gpus", "utilization_bp")
-# In the rows' own field order (UtilisationRow, UnaccountedRow): inserted as they are.
-_UTILISATION_COLUMNS = (
-    "project", "user", "cluster", "job_id", "node", "piece_start", "piece_end", "gpus", "utilization_bp",
-)  # fmt: skip
+# In the rows' own field order (IdleRow, JobAttribution, UnaccountedRow): inserted as they are.
+_IDLE_COLUMNS = ("job_id", "node", "piece_start", "piece_end", "gpus", "utilization_bp")
+_ATTRIBUTION_COLUMNS = ("job_id", "project", "user", "cluster")
+# The jobs of project {p}, for reading their GPU samples (gpu_idle is keyed by job).
+PROJECT_JOBS = "SELECT job_id FROM {db}.job_attribution WHERE project = {p:String}"
+_PROJECT_OF_MAX = 100_000  # jobs whose project the sole writer remembers (a job's never changes)
 _POSTING_COLUMNS = (
     "posting_id",
     "kind",
@@ -168,6 +170,7 @@ class LedgerStore:
         self._idle_lock = threading.Lock()
         self._idle_jobs: dict[str, set[str]] = {}
         self._idle_versions: dict[str, int] = defaultdict(int)
+        self._project_of: dict[str, str] = {}  # job -> project, from job_attribution
 
     # -- write side ---------------------------------------------------------------------------
     def append(self, postings: Sequence[Posting]) -> None:
@@ -193,18 +196,43 @@ class LedgerStore:
         self._insert(postings)
         self._note_idle(jobs)
 
-    def append_utilisation(
-        self, rows: Sequence[UtilisationRow], unaccounted: Sequence[UnaccountedRow] = ()
-    ) -> None:
-        """GPU utilisation rows and unaccounted use (domain/gpu_utilisation.py): an INSERT each;
-        idempotent (keyed)."""
+    def append_idle(self, rows: Sequence[IdleRow], unaccounted: Sequence[UnaccountedRow] = ()) -> None:
+        """GPU sample rows under the cap and unaccounted use (domain/gpu_utilisation.py): an
+        INSERT each; idempotent (keyed)."""
         if unaccounted:
             self.db.insert("gpu_unaccounted", unaccounted, _UNACCOUNTED_COLUMNS)
         if not rows:
             return
-        self.db.insert("gpu_utilisation", rows, _UTILISATION_COLUMNS)
+        self.db.insert("gpu_idle", rows, _IDLE_COLUMNS)
         if self._sole_writer:
-            self._note_idle({(r.project, r.job_id): True for r in rows})
+            # Looked up after the insert: a job attributed after this lookup is noted by
+            # `append_attributions`, which then follows these rows.
+            projects = self._projects(r.job_id for r in rows)
+            self._note_idle({(projects[r.job_id], r.job_id): True for r in rows if r.job_id in projects})
+
+    def append_attributions(self, found: Sequence[JobAttribution]) -> None:
+        """Whose each job is (from its JobSubmitted); idempotent (keyed)."""
+        if not found:
+            return
+        self.db.insert("job_attribution", found, _ATTRIBUTION_COLUMNS)
+        if self._sole_writer:
+            # The job's samples (if any came first) now count for its project.
+            self._note_idle({(a.project, a.job_id): True for a in found})
+
+    def _projects(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Each attributed job's project (unattributed ones are left out)."""
+        wanted = set(job_ids)
+        missing = [j for j in wanted if j not in self._project_of]
+        if missing:
+            if len(self._project_of) + len(missing) > _PROJECT_OF_MAX:
+                self._project_of.clear()  # bounded: jobs come and go; any can be read again
+            rows = self.db.rows(
+                "SELECT job_id, any(toString(project)) FROM {db}.job_attribution"
+                " WHERE job_id IN {j:Array(String)} GROUP BY job_id",
+                {"j": missing},
+            )
+            self._project_of.update({str(j): str(p) for j, p in rows})
+        return {j: self._project_of[j] for j in wanted if j in self._project_of}
 
     def unaccounted_gpu_seconds(self, start: int, end: int) -> dict[str, int]:
         """Per node, GPU-seconds of GPUs busy with no job on them in [start, end) (periods
@@ -240,8 +268,8 @@ class LedgerStore:
         with self._idle_lock:
             if project not in self._idle_jobs:
                 found = self.db.rows(
-                    "SELECT job_id FROM {db}.low_pieces WHERE project = {p:String} UNION DISTINCT"
-                    " SELECT job_id FROM {db}.gpu_utilisation WHERE project = {p:String}",
+                    f"SELECT job_id FROM {{db}}.low_pieces WHERE project = {{p:String}} UNION DISTINCT"
+                    f" SELECT job_id FROM {{db}}.gpu_idle WHERE job_id IN ({PROJECT_JOBS})",
                     {"p": project},
                 )
                 self._idle_jobs[project] = {j for (j,) in found}

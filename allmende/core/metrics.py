@@ -70,11 +70,16 @@ METER_SKIPPED_GAPS = _counter(
     "Times the consumer handed the meter records past ones it skipped; the partition was sought back"
     " (streams/offset_continuity.py)",
 )
-METER_GPU_SAMPLES = _counter(
-    "allmende_meter_gpu_samples_total",
-    "GPU sample records metered, by what they made: idle (a utilisation row), busy, no-job"
-    " (GPUs with no job), held (before the job's submission), given-way (held too long: dropped)",
+
+# The sample writer: updated by allmende.streams.sample_writer.
+GPU_SAMPLES = _counter(
+    "allmende_gpu_samples_total",
+    "GPU sample records written, by what they made: idle (a row under the squatting cap), busy,"
+    " no-job (a node's GPUs with no job), refused (dead-lettered)",
     ["outcome"],
+)
+SAMPLE_LAG_RECORDS = _gauge(
+    "allmende_sample_writer_lag_records", "GPU sample records behind the end of the topic", ["partition"]
 )
 
 # The decision writer: updated by allmende.streams.decision_writer.
@@ -222,13 +227,13 @@ METER = (
     METER_RETIRED_JOBS,
     METER_LATE_EVENTS,
     METER_SKIPPED_GAPS,
-    METER_GPU_SAMPLES,
 )
 WRITER = (
     WRITER_ENTRIES_READ, WRITER_POSTINGS_WRITTEN, WRITER_ENTRIES_STALE, WRITER_DEAD_LETTERS,
     WRITER_BATCH_SECONDS, WRITER_LAG_RECORDS,
 )  # fmt: skip
 DECISION_WRITER = (DECISIONS_WRITTEN, DECISION_RECORDS_SKIPPED)
+SAMPLE_WRITER = (GPU_SAMPLES, SAMPLE_LAG_RECORDS)
 ADMIN_LOG = (ADMIN_EVENTS_APPLIED, ADMIN_EVENTS_REFUSED)
 FAIRSHARE = (FAIRSHARE_SNAPSHOTS, FAIRSHARE_FACTOR, FAIRSHARE_LAG_RECORDS)
 ADMISSION = (

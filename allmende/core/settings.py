@@ -174,9 +174,6 @@ class Settings(BaseSettings):
     # ... and the burn alerter tells its user and project leads, once per idle stretch, through the
     # alert webhooks (`SquattingFlagged` on `<prefix>.alerts`).
     squat_alerts: bool = True
-    # The meter reads `<prefix>.gpu-samples` beside the job events (docs/dcgm.md; false: only the
-    # job events, for a site without the DCGM collector).
-    meter_gpu_samples: bool = True
 
     # Burn warnings (domain/burn_alerts.py): once per crossing, as an event on `<prefix>.alerts`
     # and a POST of a Slack-compatible body to each webhook URL (comma-separated).

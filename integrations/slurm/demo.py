@@ -159,7 +159,6 @@ def platform_env(
             "ALLMENDE_KAFKA_HOME": str(paths.kafka),
             "ALLMENDE_LOG_JSON": "false",
             "ALLMENDE_SQUAT_GRACE_S": str(SQUAT_GRACE_S),  # minutes, not half an hour: a demo
-            "ALLMENDE_METER_GPU_SAMPLES": "true",  # the squatting job's samples
         }
     )
     return env

@@ -67,7 +67,7 @@ def build_api(lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]]) 
         except Exception as exc:  # health must answer, whatever broke
             clickhouse = f"error: {exc}"
         writer_state = "disabled" if writer is None else (writer.last_error or "running")
-        for name in ("decision_writer", "preemption_writer"):  # the histories beside the ledger writer
+        for name in ("decision_writer", "preemption_writer", "sample_writer"):  # beside the ledger writer
             history = getattr(request.app.state, name, None)
             if writer_state == "running" and history is not None and history.last_error:
                 writer_state = f"{name.replace('_', ' ')}: {history.last_error}"

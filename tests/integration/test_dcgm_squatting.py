@@ -1,7 +1,8 @@
 """Squatting from the GPUs' own samples, end to end on the real broker and chDB (issue 24): a node's
 exporter (the stand-in serving the recorded L4 scrape as 8 GPUs, four a job's that idles, four a
-busy job's) read by the collector every 30 s for 45 minutes of job time, the records metered by
-a real worker, posted by the API's writer, judged by the squatting route. The idle job is flagged
+busy job's) read by the collector every 30 s for 45 minutes of job time, the records written by
+the API's sample writer, the jobs metered by a real worker (their attribution, their charges),
+judged by the squatting route. The idle job is flagged
 with the right GPU-hours, its busy neighbour is not; GPUs busy with no job are the overview's
 unaccounted use; rounds published twice change nothing; a job whose samples come before its
 submission is judged once it comes; bad sample records are dead-lettered."""
@@ -14,11 +15,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from kafka import KafkaProducer
 
-from allmende.core.kafka_local import free_port
 from allmende.core.kafka_topics import ensure_topics
 from allmende.core.replay import make_producer
 from allmende.core.settings import Settings
@@ -116,7 +115,7 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
         node.idle_jobs = {"early"}
         ok(api.post("/v1/admin/plan/apply", json={"text": plan_text(QUARTER_PLAN)}, headers=ADMIN))
         clock.now = START + 7200
-        with _metering(settings, tmp_path, metrics_port=free_port()) as meter:
+        with _metering(settings, tmp_path):
             for k in range(1, 46):  # 45 minutes of 8 idle GPUs, the job unknown yet
                 now[0] = START + 60 * k
                 collector.round()
@@ -128,7 +127,7 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
             for key, value in bad.items():
                 producer.send(settings.gpu_samples_topic, key=key, value=value)
             producer.flush()
-            wait_until(lambda: _metered_samples(meter) >= 45, 60, "the samples metered (held)")
+            wait_until(lambda: _idle_rows(api, "early") == 45, 60, "the samples written, the job unknown yet")
             assert ok(api.get(PATH, headers=ALICE))["rows"] == []
             send_events(settings, _lifecycle("early", "squatter", START, None)[:2])  # submitted, running
 
@@ -136,12 +135,12 @@ def test_samples_that_come_before_the_jobs_submission_are_judged_once_it_comes(
                 rows: list[dict[str, Any]] = ok(api.get(PATH, headers=ALICE))["rows"]
                 return rows
 
-            rows = wait_until(flagged, 120, "the held samples attributed and judged")
+            rows = wait_until(flagged, 120, "the samples attributed and judged")
     assert [r["job_id"] for r in rows] == ["early"]
     letters = [DeadLetter.model_validate_json(v) for v in read_topic(settings, settings.dead_letter_topic, 3)]
     assert (
         sorted((d.stage, d.code, d.source_topic) for d in letters)
-        == [("meter", "contract", settings.gpu_samples_topic)] * 3
+        == [("sample-writer", "contract", settings.gpu_samples_topic)] * 3
     )
     assert any("is not the record's" in d.reason for d in letters)
     assert (Decimal(rows[0]["idle_hours"]), Decimal(rows[0]["idle_gpu_hours"])) == (Decimal("0.75"), 6)
@@ -168,10 +167,8 @@ def _collecting(
 
 
 @contextmanager
-def _metering(settings: Settings, tmp_path: Path, metrics_port: int = 0) -> Iterator[MeterWorker]:
-    meter = MeterWorker(
-        settings.model_copy(update={"meter_gpu_samples": True}), tmp_path / "logs", metrics_port=metrics_port
-    )
+def _metering(settings: Settings, tmp_path: Path) -> Iterator[MeterWorker]:
+    meter = MeterWorker(settings, tmp_path / "logs")
     try:
         meter.wait_ready()
         yield meter
@@ -186,12 +183,9 @@ def producer_value(collector: Collector, job: str) -> bytes:
     return encode_gpu_samples(next(r for r in records if r.job_id == job))
 
 
-def _metered_samples(meter: MeterWorker) -> int:
-    text = httpx.get(f"http://127.0.0.1:{meter.metrics_port}/metrics", timeout=5).text
-    return int(
-        sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("allmende_meter_gpu_samples_total{")
-        )
+def _idle_rows(api: Any, job: str) -> int:
+    """The job's rows the API's sample writer has written (the store of the API under test)."""
+    found = api.app.state.store.db.rows(
+        "SELECT count() FROM {db}.gpu_idle FINAL WHERE job_id = {j:String}", {"j": job}
     )
+    return int(found[0][0])

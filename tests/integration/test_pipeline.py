@@ -215,6 +215,5 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_worker_goes_on(
     assert counters() == {
         "allmende_meter_events_total": len(events), "allmende_meter_dead_letters_total": 3,
         "allmende_meter_late_events_total": 0, "allmende_meter_retired_jobs_total": 0,
-        "allmende_meter_gpu_samples_total": 0,  # every outcome's (labelled), none here
         "allmende_meter_skipped_gaps_total": 0,
     }  # fmt: skip

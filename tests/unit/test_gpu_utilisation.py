@@ -1,5 +1,5 @@
-"""GPU samples as the ledger keeps them (domain/gpu_utilisation.py) and as the meter holds them
-until their job's submission (JobMeter.hold_samples)."""
+"""GPU samples as the ledger keeps them (domain/gpu_utilisation.py), the payloads beside ledger
+entries (attributions; earlier meters' attributed rows), and whose a job is (JobMeter.attribution)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import pytest
 
 from allmende.domain.gpu_utilisation import (
     LOW_CAP_BP,
+    IdleRow,
+    JobAttribution,
     UnaccountedRow,
     UtilisationRow,
-    decode_rows,
+    decode_payload,
+    encode_attributions,
     encode_rows,
     job_pieces,
     mean_bp,
     row_of,
     unaccounted_of,
 )
-from allmende.domain.metering import PENDING_SAMPLES_MAX, JobMeter
+from allmende.domain.metering import JobMeter
 from allmende.domain.squatting import JobTotals, SquatRule, find_squatting
 from allmende.schemas.events import JobSubmitted
 from allmende.schemas.gpu_samples import GpuSample, GpuSamples, sample_id
@@ -35,7 +38,7 @@ def _record(job: str | None, at: int, bps: list[int], node: str = "n1", interval
 
 def test_a_record_under_the_cap_is_one_row_over_its_scrape_period_and_a_busy_one_none() -> None:
     idle = row_of(_record("j", T0, [0, 100, 200, 101]))
-    assert idle == UtilisationRow("", "", "", "j", "n1", T0 - 30, T0, 4, 100)  # mean rounded down
+    assert idle == IdleRow("j", "n1", T0 - 30, T0, 4, 100)  # mean rounded down
     assert mean_bp(_record("j", T0, [LOW_CAP_BP] * 8)) == LOW_CAP_BP
     assert row_of(_record("j", T0, [LOW_CAP_BP] * 8)) is None  # at the cap: busy
     assert row_of(_record(None, T0, [0] * 8)) is None  # free GPUs: nobody's
@@ -47,11 +50,20 @@ def test_a_record_under_the_cap_is_one_row_over_its_scrape_period_and_a_busy_one
     assert unaccounted_of(_record("j", T0, [9_000] * 8)) is None  # a job's GPUs are its own
 
 
-def test_rows_round_trip_and_a_bad_row_is_refused_with_why() -> None:
+def _decoded(payload: dict[str, object]) -> tuple[list[IdleRow], list[JobAttribution], list[UnaccountedRow]]:
+    found = decode_payload(orjson.loads(orjson.dumps(payload)))
+    return found.idle, found.attributions, found.unaccounted
+
+
+def test_payloads_round_trip_earlier_rows_split_and_a_bad_one_is_refused_with_why() -> None:
+    owner = JobAttribution("j", "p", "u", "c")
+    assert _decoded(encode_attributions([owner])) == ([], [owner], [])
+    # An earlier meter's attributed row (a replay of the ledger-entry topic meets them): its
+    # sample and whose it is, as they are kept now.
     row = UtilisationRow("p", "u", "c", "j", "n1", 970, 1000, 4, 100)
+    assert _decoded(encode_rows([row])) == ([IdleRow("j", "n1", 970, 1000, 4, 100)], [owner], [])
     other = UnaccountedRow("n2", 970, 1000, 2, 4_000)
-    assert decode_rows(orjson.loads(orjson.dumps(encode_rows([row])))) == ([row], [])
-    assert decode_rows(orjson.loads(orjson.dumps(encode_rows([], [other])))) == ([], [other])
+    assert _decoded(encode_rows([], [other])) == ([], [], [other])
     for bad, why in [
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4]]}, "not a utilisation row"),
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4, "100"]]}, "not a utilisation row"),
@@ -59,12 +71,15 @@ def test_rows_round_trip_and_a_bad_row_is_refused_with_why() -> None:
         ({"utilisation": [["p", "u", "c", "j", "n1", 970, 1000, 4, LOW_CAP_BP]]}, "out of range"),
         ({"utilisation": [], "unaccounted": [["n2", 970, 1000, 2, 0]]}, "unaccounted-use row out of range"),
         ({"utilisation": [], "unaccounted": [["n2", 970, 1000, 2]]}, "not an unaccounted-use row"),
-        ({"utilisation": [], "unaccounted": {}}, "a utilisation record is"),
-        ({"rows": []}, "a utilisation record is"),
-        ([1, 2], "a utilisation record is"),
+        ({"utilisation": [], "unaccounted": {}}, "rows and attributions are JSON arrays"),
+        ({"attribution": [["j", "p", "u"]]}, "not a job attribution"),
+        ({"attribution": [["", "p", "u", "c"]]}, "not a job attribution"),  # no job
+        ({"rows": []}, "an object on the ledger-entry topic is"),
+        ({}, "an object on the ledger-entry topic is"),
+        ([1, 2], "an object on the ledger-entry topic is"),
     ]:
         with pytest.raises(ValueError, match=why):
-            decode_rows(bad)
+            decode_payload(bad)
 
 
 def test_a_multi_node_jobs_periods_weigh_its_nodes_gpus_and_charge_at_its_mean_rate() -> None:
@@ -97,21 +112,14 @@ def _submitted(job: str) -> JobSubmitted:
     )  # type: ignore[arg-type]  # fmt: skip
 
 
-def test_the_meter_holds_a_jobs_rows_until_its_submission_bounded_and_once_each() -> None:
+def test_a_job_is_attributed_by_its_submission_and_a_state_of_samples_alone_goes_at_once() -> None:
     meter = JobMeter("j")
     assert meter.attribution() is None
-    rows = [list(UtilisationRow("", "", "", "j", "n1", 30 * k, 30 * (k + 1), 8, 0)) for k in range(10)]
-    assert meter.hold_samples(rows) == [] and meter.hold_samples(rows[:3]) == []  # duplicates once
-    assert len(meter.pending_samples) == 10
-    assert meter.last_instant() == 300  # a job known only by samples goes after a retention
-    again = JobMeter.from_bytes(meter.to_bytes())
-    assert again.pending_samples == meter.pending_samples
-    many = [
-        list(UtilisationRow("", "", "", "j", "n2", 30 * k, 30 * (k + 1), 8, 0))
-        for k in range(PENDING_SAMPLES_MAX)
-    ]
-    given_way = again.hold_samples(many)
-    assert len(again.pending_samples) == PENDING_SAMPLES_MAX and len(given_way) == 10
-    assert min(r[6] for r in given_way) == 30 and max(r[6] for r in given_way) == 150  # the oldest
-    again.apply(_submitted("j"))
-    assert again.attribution() == ("p", "u", "c") and again.last_instant() is None
+    meter.apply(_submitted("j"))
+    assert meter.attribution() == ("p", "u", "c") and meter.last_instant() is None  # waiting: kept
+    # State an earlier meter kept for samples alone, before the job's submission: nothing to meter.
+    legacy = JobMeter.from_bytes(
+        orjson.dumps({"j": "k", "s": None, "b": [], "p": [["", "", "", "k", "n1", 0, 30, 8, 0]]})
+    )
+    assert legacy.attribution() is None and legacy.last_instant() == 0
+    assert b'"p"' not in legacy.to_bytes()
