@@ -216,8 +216,17 @@ class LedgerStore:
             return
         self.db.insert("job_attribution", found, _ATTRIBUTION_COLUMNS)
         if self._sole_writer:
-            # The job's samples (if any came first) now count for its project.
-            self._note_idle({(a.project, a.job_id): True for a in found})
+            # Samples that came before a job's attribution count for its project from now on: only
+            # those jobs move its version (most jobs have no idle rows; gpu_idle is keyed by job).
+            # Looked up after the insert: rows written after this lookup are noted by `append_idle`.
+            sampled = {
+                str(j)
+                for (j,) in self.db.rows(
+                    "SELECT DISTINCT job_id FROM {db}.gpu_idle WHERE job_id IN {j:Array(String)}",
+                    {"j": [a.job_id for a in found]},
+                )
+            }
+            self._note_idle({(a.project, a.job_id): True for a in found if a.job_id in sampled})
 
     def _projects(self, job_ids: Iterable[str]) -> dict[str, str]:
         """Each attributed job's project (unattributed ones are left out)."""

@@ -235,3 +235,28 @@ def test_time_slice_use_reads_whole_hours_exactly_as_clipping_every_piece(
     assert used == queries._clipped("olmo", "c1", windows)
     assert used == [4 * 10 * hour, 4 * 2 * hour, 4 * 60, 4 * (2 * hour - 600), 4]
     assert queries.window_gpu_seconds("olmo", "other-cluster", windows, end) == [0] * len(windows)
+
+
+def test_a_projects_squatting_version_moves_for_jobs_with_idle_samples_only(settings: Settings) -> None:
+    """The sole writer's cache key for a project's squatting (`idle_version`): a submission alone
+    leaves it (most jobs never idle: the page's cached answer stands), samples of an attributed
+    job move it, and so does the attribution of a job whose samples came first."""
+    from allmende.domain.gpu_utilisation import IdleRow, JobAttribution
+
+    db = Database(settings.clickhouse_dsn, settings.clickhouse_database)
+    db.migrate()
+    store = LedgerStore(db, sole_writer=True)
+    version = store.idle_version("olmo")
+    store.append_attributions([JobAttribution("quiet", "olmo", "u", "c")])
+    assert store.idle_version("olmo") == version  # a job with no idle rows
+    store.append_idle([IdleRow("early", "n1", 0, 30, 8, 0)])  # whose, not known yet
+    assert store.idle_version("olmo") == version
+    store.append_attributions([JobAttribution("early", "olmo", "u", "c")])
+    assert store.idle_version("olmo") > version  # its samples count for olmo now
+    version = store.idle_version("olmo")
+    store.append_idle([IdleRow("quiet", "n2", 0, 30, 8, 0)])
+    assert store.idle_version("olmo") > version
+    assert [j for (j,) in db.rows("SELECT DISTINCT job_id FROM {db}.gpu_idle ORDER BY job_id")] == [
+        "early",
+        "quiet",
+    ]
