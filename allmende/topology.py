@@ -31,7 +31,7 @@ import structlog
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from allmende.core.clickhouse import Database
+from allmende.core.clickhouse import Database, nice_engine_threads
 from allmende.core.dead_letters import RefusedLetters
 from allmende.core.gc_pauses import freeze_long_lived, thaw_and_collect
 from allmende.core.kafka_topics import ensure_topics
@@ -74,6 +74,7 @@ API_ROLES = {
 }
 RETIRE_EVERY_S = 1.0  # how often admission lets go of jobs past their retention
 ADMIN_FOLLOW_S = 0.5  # how stale the dashboards' admin state may be (commands here show at once)
+ENGINE_NICE_EVERY_S = 30.0  # chDB grows its pools as it works: new threads are niced at this pace
 
 
 # `--role reads`: none of the roles, HTTP alone (the ledger's and the pages' reads, from ClickHouse).
@@ -182,6 +183,10 @@ async def running_components(s: Settings) -> AsyncIterator[Components]:
         # Collect what the frozen generation holds in dead cycles (allmende/core/gc_pauses.py).
         _every(s.gc_thaw_every_s, "gc_thaw", _thaw),
     ]
+    if db.embedded:  # chDB's merges run in this process: behind the requests, not beside them
+        loops.append(
+            _every(ENGINE_NICE_EVERY_S, "nice_engine", lambda: run_in_threadpool(nice_engine_threads))
+        )
     if admission is not None:
         # Often, so releases come in small batches instead of one burst that would stall the
         # decisions waiting behind it.

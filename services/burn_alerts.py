@@ -47,6 +47,7 @@ import httpx
 import structlog
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from allmende.core.clickhouse import background_queries
 from allmende.core.kafka_reading import read_to_end, replaying_consumer
 from allmende.core.metrics import (
     ALERT_WEBHOOK_FAILURES,
@@ -265,7 +266,7 @@ class BurnAlerter:
     # -- a round -------------------------------------------------------------------------------
     def check_once(self) -> list[AlertEvent]:
         """One round (blocking): the events it published, each posted to the webhooks."""
-        with self._lock:
+        with self._lock, background_queries():  # the sweeps yield the cores to the requests
             self._catch_up()
             burns = list(self.source())
             self._leads.update((b.project, b.leads) for b in burns)

@@ -8,9 +8,12 @@ thread (`anyio.to_thread.run_sync`), never on the event loop.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib.resources import files
 from typing import Any
 
@@ -27,6 +30,54 @@ log = structlog.get_logger(__name__)
 _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
 
+# Background work (the alerter's sweeps) must not take the cores the requests need: its queries
+# run on one thread at the lowest priority. A context variable, so the queries of whatever a
+# background round calls (dashboard reads shared with the pages) are marked without a parameter.
+_BACKGROUND: ContextVar[bool] = ContextVar("allmende_background_queries", default=False)
+BACKGROUND_SETTINGS = {"max_threads": 1, "os_thread_priority": 19}
+# chDB's own background threads (merges, schedules, fetches) in an embedded engine: niced like the
+# background queries, so the API's event loop is scheduled before them on a busy machine.
+_ENGINE_THREADS = (
+    "MergeMutate",
+    "BgSchPool",
+    "BgMBSchPool",
+    "BgStrmSchPool",
+    "BgDistSchPool",
+    "Move",
+    "Fetch",
+    "Common",
+)
+
+
+@contextmanager
+def background_queries() -> Iterator[None]:
+    """Queries made within run as background work (`BACKGROUND_SETTINGS`)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
+
+def nice_engine_threads(niceness: int = 19) -> int:
+    """Lower the priority of this process's chDB background threads (Linux; new ones appear as
+    pools grow, so call it again now and then); returns how many were lowered this time."""
+    lowered = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(_ENGINE_THREADS) and os.getpriority(os.PRIO_PROCESS, int(tid)) < niceness:
+                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+                lowered += 1
+        except OSError:  # the thread ended meanwhile, or the system refuses: nothing to do
+            continue
+    return lowered
+
 
 def _client_for(dsn: str) -> Client:
     # chDB refuses a second data directory in one process; share one client per DSN.
@@ -34,6 +85,10 @@ def _client_for(dsn: str) -> Client:
         if dsn not in _clients:
             _clients[dsn] = clickhouse_connect.get_client(dsn=dsn)
         return _clients[dsn]
+
+
+def _settings() -> dict[str, Any] | None:
+    return BACKGROUND_SETTINGS if _BACKGROUND.get() else None
 
 
 class Database:
@@ -57,13 +112,17 @@ class Database:
 
     def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         with self._lock:
-            result = self._client.query(sql.replace("{db}", self.name), parameters=parameters)
+            result = self._client.query(
+                sql.replace("{db}", self.name), parameters=parameters, settings=_settings()
+            )
             return [tuple(r) for r in result.result_rows]
 
     def columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Sequence[Any]]:
         """The result column by column: no tuple per row, for reads of thousands of rows."""
         with self._lock:
-            result = self._client.query(sql.replace("{db}", self.name), parameters=parameters)
+            result = self._client.query(
+                sql.replace("{db}", self.name), parameters=parameters, settings=_settings()
+            )
             return list(result.result_columns)  # empty when there are no rows
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:

@@ -612,7 +612,7 @@ class Demo:
         """7. A job that holds GPUs and does nothing with them, seen by the GPUs themselves: an
         exporter stand-in serves the recorded dcgm-exporter scrape as this node's 8 GPUs with the
         node's own mapping files (written by the Slurm prolog), the collector reads it every
-        SCRAPE_S and publishes the samples, the meter and writer keep them, and the squatting page
+        SCRAPE_S and publishes the samples, the sample writer keeps them, and the squatting page
         flags the job once it idled SQUAT_GRACE_S (the demo's grace period), with its cost once it
         ended. Skipped without the recorded scrape (../shared/data/dcgm)."""
         from allmende.core.replay import make_producer
