@@ -54,27 +54,6 @@ class JobAttribution(NamedTuple):
     cluster: str
 
 
-class UtilisationRow(NamedTuple):
-    """An attributed row, as earlier meters published them on the ledger-entry topic (still read:
-    a replay of that topic meets them)."""
-
-    project: str
-    user: str
-    cluster: str
-    job_id: str
-    node: str
-    start: int
-    end: int
-    gpus: int
-    utilization_bp: int
-
-    def split(self) -> tuple[IdleRow, JobAttribution]:
-        return (
-            IdleRow(self.job_id, self.node, self.start, self.end, self.gpus, self.utilization_bp),
-            JobAttribution(self.job_id, self.project, self.user, self.cluster),
-        )
-
-
 def mean_bp(record: GpuSamples) -> int:
     """The record's GPUs' mean utilisation, rounded down (integers: the same everywhere)."""
     return sum(s.utilization_bp for s in record.gpus) // len(record.gpus)
@@ -120,7 +99,7 @@ def encode_attributions(found: Iterable[JobAttribution]) -> dict[str, Any]:
 
 
 def encode_rows(rows: Iterable[Sequence[Any]], unaccounted: Iterable[UnaccountedRow] = ()) -> dict[str, Any]:
-    """The payload earlier meters sent: attributed rows (UtilisationRow fields, in order) and rows
+    """The payload earlier meters sent: attributed rows ([project, user, cluster] + IdleRow's fields) and rows
     of unaccounted use, if any. Kept for tests of the replay path."""
     payload: dict[str, Any] = {UTILISATION_KEY: [r if isinstance(r, list) else list(r) for r in rows]}
     found = [list(r) for r in unaccounted]
@@ -158,16 +137,16 @@ def decode_payload(data: Any) -> Decoded:
     for item in items:
         if not isinstance(item, list) or tuple(map(type, item)) != _TYPES:
             raise ValueError(f"not a utilisation row: {str(item)[:200]}")
-        row = UtilisationRow(*item)
+        project, user, cluster, *fields = item  # an earlier meter's row: whose it is, then the row
+        row = IdleRow(*fields)
         if not (
             0 <= row.start < row.end
             and 0 < row.gpus <= MAX_GPUS_PER_NODE
             and 0 <= row.utilization_bp < LOW_CAP_BP
         ):
             raise ValueError(f"utilisation row out of range: {str(item)[:200]}")
-        idle, owner = row.split()
-        found.idle.append(idle)
-        found.attributions.append(owner)
+        found.idle.append(row)
+        found.attributions.append(JobAttribution(row.job_id, project, user, cluster))
     for item in others:
         if not isinstance(item, list) or tuple(map(type, item)) != _UNACCOUNTED_TYPES:
             raise ValueError(f"not an unaccounted-use row: {str(item)[:200]}")

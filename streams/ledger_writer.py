@@ -201,7 +201,7 @@ class LedgerWriter(OffsetsBesideData):
         current = self._cache.current(e.job_id for e in newest.values())
         postings, accepted = post(newest, current, timeline or PolicyTimeline([flat_policy()]))
         self.store.append(postings)
-        self.store.append_attributions(attributions)
+        self.store.append_attributions(list(dict.fromkeys(attributions)))  # once each (legacy rows repeat it)
         self.store.append_idle(idle, unaccounted)
         self._cache.accept(accepted.values())
         self._cache.forget(retired)  # after `accept`: the job's last entries may share the batch

@@ -15,7 +15,7 @@ which is read again from the saved offsets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -36,13 +36,14 @@ _IDLE, _BUSY, _NO_JOB, _REFUSED = (GPU_SAMPLES.labels(o) for o in ("idle", "busy
 
 
 def rows_of_batch(
-    records: Sequence[Any], topic: str, refuse: Callable[[DeadLetter], None]
-) -> tuple[list[IdleRow], list[UnaccountedRow]]:
+    records: Sequence[Any], topic: str
+) -> tuple[list[IdleRow], list[UnaccountedRow], list[DeadLetter]]:
     """The rows a batch of sample records makes (consumer records: partition, offset, key,
-    value); each record no row can come from is counted, or refused through `refuse`."""
+    value), and the dead letters of those it refuses; every other record is counted."""
     idle: list[IdleRow] = []
     unaccounted: list[UnaccountedRow] = []
-    busy = no_job = refused = 0
+    refused: list[DeadLetter] = []
+    busy = no_job = 0
     for record in records:
         try:
             if record.value is None:
@@ -66,8 +67,7 @@ def rows_of_batch(
                 if other is not None:
                     unaccounted.append(other)
             continue
-        refused += 1
-        refuse(
+        refused.append(
             DeadLetter.of(
                 stage="sample-writer", reason=reason, code=code, topic=topic, partition=record.partition,
                 offset=record.offset, key=record.key, value=record.value,
@@ -76,10 +76,10 @@ def rows_of_batch(
     _IDLE.inc(len(idle))
     _BUSY.inc(busy)
     _NO_JOB.inc(no_job)
-    _REFUSED.inc(refused)
+    _REFUSED.inc(len(refused))
     if refused:
-        log.warning("gpu_samples_refused", records=refused)
-    return idle, unaccounted
+        log.warning("gpu_samples_refused", records=len(refused))
+    return idle, unaccounted, refused
 
 
 class SampleWriter(OffsetsBesideData):
@@ -95,8 +95,7 @@ class SampleWriter(OffsetsBesideData):
 
     def write_batch(self, records: Sequence[Any], letters: DeadLetters) -> int:
         """Write one batch's rows, then its offsets; returns the rows written."""
-        refused: list[DeadLetter] = []
-        idle, unaccounted = rows_of_batch(records, self.topic, refused.append)
+        idle, unaccounted, refused = rows_of_batch(records, self.topic)
         self.store.append_idle(idle, unaccounted)
         for letter in refused:  # once the rows are in: a batch ClickHouse failed sends none twice
             letters.send(letter)

@@ -87,10 +87,6 @@ def _client_for(dsn: str) -> Client:
         return _clients[dsn]
 
 
-def _settings() -> dict[str, Any] | None:
-    return BACKGROUND_SETTINGS if _BACKGROUND.get() else None
-
-
 class Database:
     """A ClickHouse database reached through one shared, lock-guarded client."""
 
@@ -110,20 +106,19 @@ class Database:
         with self._lock:
             return self._client.command(sql.replace("{db}", self.name), parameters=parameters)
 
-    def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, parameters: dict[str, Any] | None) -> Any:
+        settings = BACKGROUND_SETTINGS if _BACKGROUND.get() else None
         with self._lock:
-            result = self._client.query(
-                sql.replace("{db}", self.name), parameters=parameters, settings=_settings()
+            return self._client.query(
+                sql.replace("{db}", self.name), parameters=parameters, settings=settings
             )
-            return [tuple(r) for r in result.result_rows]
+
+    def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self._query(sql, parameters).result_rows]
 
     def columns(self, sql: str, parameters: dict[str, Any] | None = None) -> list[Sequence[Any]]:
         """The result column by column: no tuple per row, for reads of thousands of rows."""
-        with self._lock:
-            result = self._client.query(
-                sql.replace("{db}", self.name), parameters=parameters, settings=_settings()
-            )
-            return list(result.result_columns)  # empty when there are no rows
+        return list(self._query(sql, parameters).result_columns)  # empty when there are no rows
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
         if not rows:

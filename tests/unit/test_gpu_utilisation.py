@@ -11,7 +11,6 @@ from allmende.domain.gpu_utilisation import (
     IdleRow,
     JobAttribution,
     UnaccountedRow,
-    UtilisationRow,
     decode_payload,
     encode_attributions,
     encode_rows,
@@ -60,7 +59,7 @@ def test_payloads_round_trip_earlier_rows_split_and_a_bad_one_is_refused_with_wh
     assert _decoded(encode_attributions([owner])) == ([], [owner], [])
     # An earlier meter's attributed row (a replay of the ledger-entry topic meets them): its
     # sample and whose it is, as they are kept now.
-    row = UtilisationRow("p", "u", "c", "j", "n1", 970, 1000, 4, 100)
+    row = ["p", "u", "c", "j", "n1", 970, 1000, 4, 100]
     assert _decoded(encode_rows([row])) == ([IdleRow("j", "n1", 970, 1000, 4, 100)], [owner], [])
     other = UnaccountedRow("n2", 970, 1000, 2, 4_000)
     assert _decoded(encode_rows([], [other])) == ([], [], [other])

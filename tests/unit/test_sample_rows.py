@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from allmende.domain.gpu_utilisation import IdleRow, UnaccountedRow
-from allmende.schemas.dead_letter import DeadLetter
 from allmende.schemas.gpu_samples import GpuSample, GpuSamples, encode_gpu_samples, sample_id
 from allmende.streams.sample_writer import rows_of_batch
 
@@ -31,7 +30,6 @@ def _record(
 
 
 def test_each_record_gets_one_fate_and_a_bad_one_a_dead_letter_with_its_place() -> None:
-    letters: list[DeadLetter] = []
     batch = [
         _record(0, "idle", [0, 100, 0, 300]),
         _record(1, "busy", [9_000] * 4),
@@ -41,7 +39,7 @@ def test_each_record_gets_one_fate_and_a_bad_one_a_dead_letter_with_its_place() 
         Record(0, 5, b"x", b"{not json"),
         Record(0, 6, b"x", None),  # a tombstone
     ]
-    idle, unaccounted = rows_of_batch(batch, "t.gpu-samples", letters.append)
+    idle, unaccounted, letters = rows_of_batch(batch, "t.gpu-samples")
     assert idle == [IdleRow("idle", "n1", T0 - 30, T0, 4, 100)]
     assert unaccounted == [UnaccountedRow("n2", T0 - 30, T0, 2, 6_000)]
     assert [(d.stage, d.code, d.source_offset) for d in letters] == [
