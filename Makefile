@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: help install vendor-echarts jars keycloak demo up down test test-unit lint format bench schemas screenshots system-packages clean slurm-demo
+.PHONY: help install vendor-echarts jars keycloak kubernetes demo up down test test-unit lint format bench schemas screenshots system-packages clean slurm-demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ infra/keycloak/dist/.fetched: infra/keycloak/pom.xml
 
 keycloak: infra/keycloak/dist/.fetched ## fetch and unpack the Keycloak server for the sign-in tests (Maven Central, 177 MB)
 
+kubernetes: ## build etcd, kube-apiserver and Kueue from the Go module proxy for the Kueue tests (cached in infra/kubernetes/bin)
+	infra/kubernetes/build.sh
+
 demo: install jars ## start Kafka, the worker and the API on embedded ClickHouse; replay a real trace
 	$(BIN)/allmende demo
 
@@ -51,7 +54,7 @@ up: install jars ## start the platform in the background (no replay)
 down: ## stop what demo/up started
 	-$(BIN)/allmende down
 
-test: install jars keycloak system-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
+test: install jars keycloak kubernetes system-packages ## run all tests (starts its own Kafka and Slurm; Kafka: unless KAFKA_BOOTSTRAP_SERVERS is set)
 	$(BIN)/pytest --cov --cov-report=term:skip-covered
 
 slurm-demo: install jars system-packages ## Slurm on localhost with the plugin, hooks and agent; a mixed workload against the platform (KEEP=1: leave it running)

@@ -182,6 +182,27 @@ def metric(text: str, name: str) -> float:
     return sum(values) if values else math.nan
 
 
+def bucket(text: str, name: str, bound: str) -> float:
+    """A histogram's observations at or under `bound` (a bucket's `le`; "+Inf": all), every label set."""
+    pattern = rf'^{name}_bucket{{(?:[^}}]*,)?le="{re.escape(bound)}"[^}}]*}} (\S+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+# Where a window's tail may come from, read off the API's /metrics at each checkpoint: group commits
+# (every answer waits for one: the broker's acknowledgement) and garbage-collector pauses (the
+# event loop stopped) longer than SLOW_BOUND, and the API's CPU per job (native work in its process:
+# chDB's merges and queries).
+SLOW_BOUND = "0.02"  # a bucket bound of both histograms (allmende.core.metrics)
+TAIL_HISTOGRAMS = {"commits": "allmende_group_commit_seconds", "gc": "allmende_gc_pause_seconds"}
+
+
+def tail_counts(page: str) -> dict[str, tuple[float, float]]:
+    """Per TAIL_HISTOGRAMS: (observations up to SLOW_BOUND, all observations)."""
+    return {
+        k: (bucket(page, name, SLOW_BOUND), bucket(page, name, "+Inf")) for k, name in TAIL_HISTOGRAMS.items()
+    }
+
+
 # A problem in a process's log: an error or warning of structlog (JSON or console) or of faust, a
 # traceback, a failed round. The meter's structlog lines reach its log through faust's stdout
 # redirect, which labels each one [WARNING] whatever its level: those are not counted.
@@ -212,6 +233,9 @@ class Row:
     retired_api: float
     retired_meter: float
     admitted: int  # jobs admitted so far: less those retired, what each process still holds
+    slow_commits: float  # the window's share of group commits over SLOW_BOUND
+    slow_gc: float  # the window's garbage-collector pauses over SLOW_BOUND
+    api_cpu_ms: float  # the API's CPU per job in the window
 
 
 @dataclass
@@ -240,6 +264,8 @@ class Soak:
     t0: float = 0.0
     cpu0: dict[str, float] = field(default_factory=dict)
     ledger: int = -1  # GPU-seconds in the ledger at the end
+    tail: dict[str, tuple[float, float]] = field(default_factory=dict)  # tail_counts at the last row
+    api_cpu: float = 0.0  # the API's CPU seconds at the last row
 
     def __post_init__(self) -> None:
         self.latencies_s = array("d", [math.nan]) * self.args.jobs
@@ -321,18 +347,15 @@ class Soak:
             self.samples.append((time.perf_counter() - self.t0, self.contiguous, self.rss()))
             await asyncio.sleep(self.args.sample_s)
 
-    async def retired(self, client: httpx.AsyncClient) -> tuple[float, float]:
-        """Jobs the API's admission and the meter worker have let go of so far (their metrics)."""
-        try:
-            api = metric(
-                (await client.get(f"{self.api_url}/metrics/")).text, "allmende_admission_retired_jobs_total"
-            )
-            meter = metric(
-                (await client.get(self.meter_metrics_url)).text, "allmende_meter_retired_jobs_total"
-            )
-        except httpx.HTTPError:
-            return math.nan, math.nan
-        return api, meter
+    async def scrape(self, client: httpx.AsyncClient) -> tuple[str, str]:
+        """The /metrics pages of the API and the meter worker ("" where one did not answer)."""
+        pages = []
+        for url in (f"{self.api_url}/metrics/", self.meter_metrics_url):
+            try:
+                pages.append((await client.get(url)).text)
+            except httpx.HTTPError:
+                pages.append("")
+        return pages[0], pages[1]
 
     async def row(self, client: httpx.AsyncClient, label: str, first: int, last: int) -> Row:
         elapsed = time.perf_counter() - self.t0
@@ -342,7 +365,17 @@ class Soak:
             return 1000 * window[min(len(window) - 1, int(q * len(window)))] if window else math.nan
 
         rss = self.rss()
-        api, meter = await self.retired(client)
+        api_page, meter_page = await self.scrape(client)
+        # what each process has let go of so far (their metrics)
+        api = metric(api_page, "allmende_admission_retired_jobs_total")
+        meter = metric(meter_page, "allmende_meter_retired_jobs_total")
+        tail = tail_counts(api_page)
+        slow = {k: (n - self.tail[k][1]) - (fast - self.tail[k][0]) for k, (fast, n) in tail.items()}
+        commits = tail["commits"][1] - self.tail["commits"][1]
+        pid = self.pids.get("API")
+        cpu = math.nan if pid is None else cpu_seconds(pid)
+        cpu_per_job = math.nan if first == last else 1000 * (cpu - self.api_cpu) / (last - first)
+        self.tail, self.api_cpu = tail, cpu
         errors = last - first - len(window)
         rate = math.nan if first == last else last / elapsed
         row = Row(
@@ -358,6 +391,9 @@ class Soak:
             api,
             meter,
             self.admitted,
+            slow["commits"] / commits if commits else math.nan,
+            slow["gc"],
+            cpu_per_job,
         )
         self.rows.append(row)
         self.say.print(render(row))
@@ -385,6 +421,8 @@ class Soak:
         async with httpx.AsyncClient(timeout=30) as client:
             self.t0 = time.perf_counter()
             self.cpu0 = {name: cpu_seconds(pid) for name, pid in self.cpu_pids().items()}
+            self.api_cpu = self.cpu0.get("API", math.nan)
+            self.tail = tail_counts((await self.scrape(client))[0])
             helpers = [
                 asyncio.create_task(self.finisher(finishes, generating)),
                 asyncio.create_task(self.sampler()),
@@ -463,6 +501,7 @@ class Soak:
 HEAD = (
     f"{'jobs':>13}  {'elapsed s':>9}  {'jobs/s':>6}  {'API MB':>7}  {'meter MB':>8}  {'broker MB':>9}  "
     f"{'p50 ms':>7}  {'p99 ms':>7}  {'errors':>6}  {'live':>5}  {'held API':>8}  {'held meter':>10}"
+    f"  {'commits >20ms':>13}  {'GC >20ms':>7}  {'API CPU/job':>10}"
 )
 
 
@@ -472,7 +511,8 @@ def render(r: Row) -> str:
     return (
         f"{r.label:>13}  {r.elapsed_s:>9,.0f}  {rate:>6}  {api:>7,.0f}  {meter:>8,.0f}  "
         f"{broker:>9,.0f}  {r.p50_ms:>7.2f}  {r.p99_ms:>7.2f}  {r.errors:>6,}  {r.live:>5,}  "
-        f"{r.admitted - r.retired_api:>8,.0f}  {r.admitted - r.retired_meter:>10,.0f}"
+        f"{r.admitted - r.retired_api:>8,.0f}  {r.admitted - r.retired_meter:>10,.0f}  "
+        f"{r.slow_commits:>13.2%}  {r.slow_gc:>7,.0f}  {r.api_cpu_ms:>10.2f}"
     )
 
 
