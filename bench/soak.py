@@ -151,17 +151,20 @@ def listening_pid(port: int) -> int | None:
 
 
 @contextmanager
-def kafka(bootstrap: str | None, broker_pid: int | None, tmp: Path) -> Iterator[tuple[str, int | None]]:
-    """(bootstrap, broker pid): the broker at `bootstrap`, or a local one started for the run."""
+def kafka(
+    bootstrap: str | None, broker_pid: int | None, tmp: Path
+) -> Iterator[tuple[str, int | None, Path | None]]:
+    """(bootstrap, broker pid, its GC log): the broker at `bootstrap` (GC log unknown), or a local one
+    started for the run."""
     if bootstrap:
         if not broker_answers(bootstrap):
             raise SystemExit(f"no Kafka broker answers at {bootstrap}")
-        yield bootstrap, broker_pid or listening_pid(int(bootstrap.split(",")[0].rsplit(":", 1)[1]))
+        yield bootstrap, broker_pid or listening_pid(int(bootstrap.split(",")[0].rsplit(":", 1)[1])), None
         return
     broker = LocalBroker(tmp / "kafka", port=free_port(), controller_port=free_port())
     try:
         started = broker.start()
-        yield started, broker.running_pid()
+        yield started, broker.running_pid(), broker.gc_log
     finally:
         broker.stop()
 
@@ -194,6 +197,18 @@ def bucket(text: str, name: str, bound: str) -> float:
 # chDB's merges and queries).
 SLOW_BOUND = "0.02"  # a bucket bound of both histograms (allmende.core.metrics)
 TAIL_HISTOGRAMS = {"commits": "allmende_group_commit_seconds", "gc": "allmende_gc_pause_seconds"}
+
+
+# A pause in the JVM's unified GC log (-Xlog:gc): "... GC(12) Pause Young (Normal) ... 3.456ms".
+GC_PAUSE = re.compile(r"\bPause\b.* (\d+(?:\.\d+)?)ms$", re.M)
+
+
+def broker_pauses(gc_log: Path | None) -> float:
+    """The broker's GC pauses over SLOW_BOUND so far (NaN: a broker this run did not start)."""
+    if gc_log is None or not gc_log.exists():
+        return math.nan
+    text = gc_log.read_text(errors="replace")
+    return sum(1 for m in GC_PAUSE.finditer(text) if float(m.group(1)) > 1000 * float(SLOW_BOUND))
 
 
 def tail_counts(page: str) -> dict[str, tuple[float, float]]:
@@ -235,6 +250,7 @@ class Row:
     admitted: int  # jobs admitted so far: less those retired, what each process still holds
     slow_commits: float  # the window's share of group commits over SLOW_BOUND
     slow_gc: float  # the window's garbage-collector pauses over SLOW_BOUND
+    slow_broker_gc: float  # the same in the broker's JVM
     api_cpu_ms: float  # the API's CPU per job in the window
 
 
@@ -244,6 +260,7 @@ class Soak:
     api_url: str
     meter_metrics_url: str
     pids: dict[str, int | None]
+    broker_gc: Path | None  # the local broker's GC log
     producer: KafkaProducer
     topic: str
     say: Console
@@ -266,6 +283,7 @@ class Soak:
     ledger: int = -1  # GPU-seconds in the ledger at the end
     tail: dict[str, tuple[float, float]] = field(default_factory=dict)  # tail_counts at the last row
     api_cpu: float = 0.0  # the API's CPU seconds at the last row
+    broker_slow_gc: float = 0.0  # broker_pauses at the last row
 
     def __post_init__(self) -> None:
         self.latencies_s = array("d", [math.nan]) * self.args.jobs
@@ -375,6 +393,8 @@ class Soak:
         pid = self.pids.get("API")
         cpu = math.nan if pid is None else cpu_seconds(pid)
         cpu_per_job = math.nan if first == last else 1000 * (cpu - self.api_cpu) / (last - first)
+        pauses = broker_pauses(self.broker_gc)
+        slow_broker_gc, self.broker_slow_gc = pauses - self.broker_slow_gc, pauses
         self.tail, self.api_cpu = tail, cpu
         errors = last - first - len(window)
         rate = math.nan if first == last else last / elapsed
@@ -393,6 +413,7 @@ class Soak:
             self.admitted,
             slow["commits"] / commits if commits else math.nan,
             slow["gc"],
+            slow_broker_gc,
             cpu_per_job,
         )
         self.rows.append(row)
@@ -423,6 +444,7 @@ class Soak:
             self.cpu0 = {name: cpu_seconds(pid) for name, pid in self.cpu_pids().items()}
             self.api_cpu = self.cpu0.get("API", math.nan)
             self.tail = tail_counts((await self.scrape(client))[0])
+            self.broker_slow_gc = broker_pauses(self.broker_gc)
             helpers = [
                 asyncio.create_task(self.finisher(finishes, generating)),
                 asyncio.create_task(self.sampler()),
@@ -501,7 +523,7 @@ class Soak:
 HEAD = (
     f"{'jobs':>13}  {'elapsed s':>9}  {'jobs/s':>6}  {'API MB':>7}  {'meter MB':>8}  {'broker MB':>9}  "
     f"{'p50 ms':>7}  {'p99 ms':>7}  {'errors':>6}  {'live':>5}  {'held API':>8}  {'held meter':>10}"
-    f"  {'commits >20ms':>13}  {'GC >20ms':>7}  {'API CPU/job':>10}"
+    f"  {'commits >20ms':>13}  {'GC >20ms':>7}  {'broker GC >20':>13}  {'API CPU/job':>10}"
 )
 
 
@@ -512,7 +534,7 @@ def render(r: Row) -> str:
         f"{r.label:>13}  {r.elapsed_s:>9,.0f}  {rate:>6}  {api:>7,.0f}  {meter:>8,.0f}  "
         f"{broker:>9,.0f}  {r.p50_ms:>7.2f}  {r.p99_ms:>7.2f}  {r.errors:>6,}  {r.live:>5,}  "
         f"{r.admitted - r.retired_api:>8,.0f}  {r.admitted - r.retired_meter:>10,.0f}  "
-        f"{r.slow_commits:>13.2%}  {r.slow_gc:>7,.0f}  {r.api_cpu_ms:>10.2f}"
+        f"{r.slow_commits:>13.2%}  {r.slow_gc:>7,.0f}  {r.slow_broker_gc:>13,.0f}  {r.api_cpu_ms:>10.2f}"
     )
 
 
@@ -664,7 +686,9 @@ def main() -> None:
     keep = args.keep
     try:
         with ExitStack() as stack:
-            bootstrap, broker_pid = stack.enter_context(kafka(args.bootstrap, args.broker_pid, tmp))
+            bootstrap, broker_pid, broker_gc = stack.enter_context(
+                kafka(args.bootstrap, args.broker_pid, tmp)
+            )
             stack.callback(delete_topics, bootstrap, tag)  # after the processes stop, before the broker
             api_port = free_port()
             api_env = platform_env(
@@ -705,8 +729,8 @@ def main() -> None:
             )  # fmt: skip
             soak = Soak(
                 args=args, api_url=api_url, meter_metrics_url=f"http://127.0.0.1:{meter_port}/metrics",
-                pids={"API": api.pid, "meter": meter.pid, "broker": broker_pid}, producer=producer,
-                topic=settings.job_events_topic, say=say, progress=progress,
+                pids={"API": api.pid, "meter": meter.pid, "broker": broker_pid}, broker_gc=broker_gc,
+                producer=producer, topic=settings.job_events_topic, say=say, progress=progress,
             )  # fmt: skip
             say.print(HEAD)
             say.print("-" * len(HEAD))
