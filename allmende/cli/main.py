@@ -22,6 +22,7 @@ from allmende.cli.budget import budget_app
 from allmende.cli.collect import collect_app
 from allmende.cli.dead_letters import dead_letters_app
 from allmende.cli.fairshare import fairshare
+from allmende.cli.kueue import kueue_app
 from allmende.cli.login import login, logout
 from allmende.cli.simulate import simulate
 from allmende.cli.slurm import slurm_app
@@ -40,6 +41,7 @@ app.add_typer(dead_letters_app, name="dead-letters")
 app.command("fairshare")(fairshare)
 app.add_typer(host_app, name="host")
 app.add_typer(slurm_app, name="slurm")
+app.add_typer(kueue_app, name="kueue")
 app.command("preempt")(preempt)
 app.command("simulate")(simulate)
 app.command("login")(login)

@@ -32,6 +32,13 @@ def _integration(module: str) -> ModuleType:
     return importlib.import_module(f"allmende.integrations.slurm.{module}")
 
 
+def _spool_module() -> ModuleType:
+    """The durable event spool (shared with the Kueue controller)."""
+    import importlib
+
+    return importlib.import_module("allmende.integrations.spool")
+
+
 def _config(path: Path | None) -> Any:
     config = _integration("config")
     try:
@@ -45,7 +52,7 @@ def _config(path: Path | None) -> Any:
 def flush(config: ConfigOption = None) -> None:
     """Send the job events the hooks spooled while Kafka was away (exit 1 if some are left)."""
     cfg = _config(config)
-    spool = _integration("spool").Spool(cfg.spool_dir)
+    spool = _spool_module().Spool(cfg.spool_dir)
     sent, left = spool.flush(cfg.bootstrap, cfg.send_timeout_s)
     console.print(f"sent {sent}, left in spool {left} ({cfg.spool_dir})")
     if left:
@@ -75,7 +82,7 @@ def check(config: ConfigOption = None) -> None:
         + ("" if readable else " [red](unreadable or empty: every GPU job is held for the agent)[/red]")
     )
     console.print(f"kafka         {cfg.bootstrap} -> {cfg.job_events_topic()}")
-    pending = _integration("spool").Spool(cfg.spool_dir).pending()
+    pending = _spool_module().Spool(cfg.spool_dir).pending()
     console.print(f"spool         {cfg.spool_dir}: {len(pending)} event(s) waiting")
     try:
         health = httpx.get(f"{cfg.api_url.rstrip('/')}/healthz", timeout=cfg.timeout_s)

@@ -154,6 +154,18 @@ GROUP_COMMIT_CALLERS = _histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 512),
 )
 
+# The Kueue AdmissionCheck controller: updated by allmende.integrations.kueue.controller.
+KUEUE_CHECKS_SET = _counter("allmende_kueue_checks_total", "Workload checks set, by state", ["state"])
+KUEUE_JOB_EVENTS = _counter("allmende_kueue_job_events_total", "Job events put in the spool")
+KUEUE_ERRORS = _counter(
+    "allmende_kueue_errors_total", "Failed calls (admission API, Kubernetes API, Kafka)", ["kind"]
+)
+KUEUE_DECIDE_SECONDS = _histogram(
+    "allmende_kueue_decide_seconds",
+    "From picking up a workload's pending check to its state written",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+
 # The burn alerter's rounds and webhooks: updated by allmende.services.burn_alerts.
 BURN_ALERTS_PUBLISHED = _counter("allmende_burn_alerts_published_total", "Burn warnings published", ["type"])
 CLUSTER_OVER_CAPACITY_GPUS = _gauge(
@@ -228,6 +240,7 @@ METER = (
     METER_LATE_EVENTS,
     METER_SKIPPED_GAPS,
 )
+KUEUE = (KUEUE_CHECKS_SET, KUEUE_JOB_EVENTS, KUEUE_ERRORS, KUEUE_DECIDE_SECONDS)
 WRITER = (
     WRITER_ENTRIES_READ, WRITER_POSTINGS_WRITTEN, WRITER_ENTRIES_STALE, WRITER_DEAD_LETTERS,
     WRITER_BATCH_SECONDS, WRITER_LAG_RECORDS,

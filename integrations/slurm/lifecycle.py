@@ -17,7 +17,7 @@ Slurm job and run: `slurm:<ClusterName>:<job>:submitted`, `slurm:<ClusterName>:<
 `...:<run>:finished`, `...:<run>:preempted` (run = the restart count of that run), so a hook run
 twice, or an event sent twice, changes nothing.
 
-Events go to the durable spool first (integrations/slurm/spool.py), then to
+Events go to the durable spool first (integrations/spool.py), then to
 `<topic_prefix>.job-events` keyed by job id (acks=all). The hook never fails the job: whatever
 goes wrong is logged to the hook log and the hook exits 0 (a failing PrologSlurmctld would
 requeue or hold the job).
@@ -42,7 +42,7 @@ from pydantic import BaseModel, ValidationError
 from allmende.integrations.slurm.config import ConfigError, SlurmConfig, load_config
 from allmende.integrations.slurm.log import LineLog
 from allmende.integrations.slurm.scontrol import REQUEUED_STATES, SlurmJob, accounted_end, hostnames, show_job
-from allmende.integrations.slurm.spool import Spool
+from allmende.integrations.spool import Spool
 from allmende.schemas.events import (
     FinishStatus,
     JobFinished,

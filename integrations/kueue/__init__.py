@@ -1,0 +1,1 @@
+"""Kubernetes clusters scheduled by Kueue: the AdmissionCheck controller (docs/kubernetes.md)."""

@@ -1,0 +1,142 @@
+"""A Kueue-managed Job's life as the platform's job events: pure functions of the Job (as the
+job controller and kubelet write its status) and its Workload, tested directly.
+
+A run starts at the Job's `status.startTime` (JobSubmitted once, JobStarted per run) and ends at
+its completion (`Complete`: succeeded, `Failed`: failed; JobFinished at `completionTime` or the
+condition's transition), or when Kueue suspends it again (evicted, preempted: JobPreempted at the
+Workload's `Evicted` transition). The job controller clears `startTime` when a Job is suspended,
+so the controller keeps each run's start on the Job itself (the annotation RUN_STARTED): a run
+ended while the controller was away is still closed at its start when it comes back. A Job
+deleted while it ran is cancelled then.
+
+Event ids are deterministic per workload and run (`kueue:<workload uid>:<run start>:started`, ...),
+so events sent twice, by a restarted controller or a resync, are one event to the platform: the
+ledger charges (end - start) x GPUs of each run, what the same run costs from Slurm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from allmende.integrations.kueue.workloads import Ask, Obj, condition, instant, is_true
+from allmende.schemas.events import (
+    FinishStatus,
+    JobFinished,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    PriorityClass,
+)
+
+RUN_STARTED = "allmende.io/run-started-at"  # the Job's annotation: its current run's start (UTC s)
+
+JobEvent = JobSubmitted | JobStarted | JobFinished | JobPreempted
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A Job's run as its status tells it."""
+
+    started_at: int | None  # the current run's start (status.startTime), while not suspended
+    recorded: int | None  # the run start kept on the Job (RUN_STARTED)
+    finished: tuple[FinishStatus, int] | None  # how and when the Job ended
+
+    @property
+    def run_start(self) -> int | None:
+        return self.started_at or self.recorded
+
+
+def run_state(job: Obj) -> RunState:
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    recorded = annotations.get(RUN_STARTED)
+    finished: tuple[FinishStatus, int] | None = None
+    for kind, outcome in (("Complete", FinishStatus.SUCCEEDED), ("Failed", FinishStatus.FAILED)):
+        if is_true(job, kind):
+            c = condition(job, kind) or {}
+            end = instant(status.get("completionTime") if kind == "Complete" else None)
+            end = end or instant(c.get("lastTransitionTime"))
+            if end is not None:
+                finished = (outcome, end)
+    started = None if spec.get("suspend") else instant(status.get("startTime"))
+    return RunState(started, int(recorded) if recorded and str(recorded).isdigit() else None, finished)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The events a Job's state calls for, in order, and what RUN_STARTED should say after them
+    (None: remove it; "keep": leave it as it is)."""
+
+    events: list[JobEvent]
+    annotation: int | Literal["keep"] | None
+
+
+def _submitted(ask: Ask, prefix: str, at: int, producer: str) -> JobSubmitted:
+    return JobSubmitted(
+        event_id=f"{prefix}:submitted", occurred_at=at, producer=producer, job_id=ask.job_id,
+        project=ask.project, user=ask.user, cluster=ask.cluster, gpu_type=ask.gpu_type, gpus=ask.gpus,
+        priority_class=PriorityClass(ask.priority_class), interactive=ask.interactive,
+        requested_seconds=ask.requested_seconds,
+    )  # fmt: skip
+
+
+def plan(ask: Ask, workload_uid: str, job: Obj, evicted_at: int | None, now: int, producer: str) -> Plan:
+    """The events of the Job's life so far (every one of them: the caller sends what it has not)."""
+    prefix = f"kueue:{workload_uid}"
+    state = run_state(job)
+    common = {"producer": producer, "job_id": ask.job_id}
+
+    def started(at: int) -> list[JobEvent]:
+        return [
+            _submitted(ask, prefix, at, producer),
+            JobStarted(event_id=f"{prefix}:{at}:started", occurred_at=at, gpus=ask.gpus, **common),
+        ]
+
+    def preempted(start: int, at: int) -> JobPreempted:
+        return JobPreempted(
+            event_id=f"{prefix}:{start}:preempted", occurred_at=max(at, start), started_at=start,
+            reason="evicted by Kueue (preempted, or its admission check asked to retry)", **common,
+        )  # fmt: skip
+
+    if state.finished is not None:
+        start = state.run_start
+        if start is None:
+            return Plan([], "keep")  # never ran (failed before a pod started): nothing to charge
+        status, end = state.finished
+        finished = JobFinished(
+            event_id=f"{prefix}:{start}:finished", occurred_at=max(end, start), started_at=start,
+            status=status, **common,
+        )  # fmt: skip
+        return Plan([*started(start), finished], "keep")
+    if state.started_at is not None:
+        events = []
+        if state.recorded is not None and state.recorded != state.started_at:
+            # a run ended while we were away and another began: the first closed where it stopped
+            events.append(preempted(state.recorded, min(evicted_at or state.started_at, state.started_at)))
+        return Plan([*events, *started(state.started_at)], state.started_at)
+    if state.recorded is not None:  # suspended again (evicted): the run is over
+        return Plan([*started(state.recorded), preempted(state.recorded, evicted_at or now)], None)
+    return Plan([], "keep")
+
+
+def plan_deleted(ask: Ask, workload_uid: str, job: Obj, now: int, producer: str) -> list[JobEvent]:
+    """A Job deleted (its last state): a run still going is cancelled now."""
+    state = run_state(job)
+    start = state.run_start
+    if state.finished is not None or start is None:
+        return []
+    prefix = f"kueue:{workload_uid}"
+    return [
+        _submitted(ask, prefix, start, producer),
+        JobStarted(event_id=f"{prefix}:{start}:started", occurred_at=start, gpus=ask.gpus,
+                   producer=producer, job_id=ask.job_id),
+        JobFinished(event_id=f"{prefix}:{start}:finished", occurred_at=max(now, start), started_at=start,
+                    status=FinishStatus.CANCELLED, producer=producer, job_id=ask.job_id),
+    ]  # fmt: skip
+
+
+def evicted_at(workload: Obj) -> int | None:
+    """When Kueue last evicted the workload (its `Evicted` condition turned true)."""
+    c = condition(workload, "Evicted")
+    return instant(c.get("lastTransitionTime")) if c is not None and c.get("status") == "True" else None
