@@ -33,7 +33,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -53,7 +53,7 @@ from allmende.core.metrics import (
     register,
 )
 from allmende.integrations.kueue.config import KueueConfig
-from allmende.integrations.kueue.lifecycle import RUN_STARTED, evicted_at, plan, plan_deleted
+from allmende.integrations.kueue.lifecycle import Plan, evicted_at, plan, plan_deleted
 from allmende.integrations.kueue.workloads import (
     CHECK_STATE,
     Ask,
@@ -64,7 +64,9 @@ from allmende.integrations.kueue.workloads import (
     check_patch,
     check_state,
     is_true,
+    job_id_of,
     owner_job,
+    preemptions,
     uid_of_job_id,
 )
 from allmende.integrations.spool import Spool
@@ -96,6 +98,7 @@ class Controller:
     evicting: set[str] = field(default_factory=set)  # victims whose check we set to Retry
     sent: dict[str, set[str]] = field(default_factory=dict)  # workload uid -> event ids spooled
     asks: dict[str, Ask] = field(default_factory=dict)  # workload uid -> its request (attribution)
+    owners: dict[str, str] = field(default_factory=dict)  # Job uid -> its Workload's uid
     _pending: set[str] = field(default_factory=set)
     _wake: threading.Condition = field(default_factory=threading.Condition)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -224,33 +227,43 @@ class Controller:
         if workload is None:
             return
         uid = workload["metadata"]["uid"]
+        namespace = self.namespace(workload["metadata"]["namespace"])
         job = self.job_of(workload)
         ours = self.our_check(workload)
         try:
-            ask = ask_of(workload, job, self.namespace(workload["metadata"]["namespace"]), self.config)
+            ask = ask_of(workload, job, namespace, self.config)
         except NotAskable as exc:
             if ours is not None and ours[1].get("state") == "Pending" and is_true(workload, "QuotaReserved"):
                 self.set_check(workload, ours[0], "Rejected", f"allmende: reject: {exc}")
             return
         if is_true(workload, "QuotaReserved") or uid not in self.asks:
-            self.asks[uid] = ask  # the reserved flavor and GPUs, as admitted
-        if ours is not None and not is_true(workload, "Finished"):
-            state = ours[1].get("state")
-            if state == "Pending" and is_true(workload, "QuotaReserved"):
-                started = time.perf_counter()
-                self.decide(workload, ours[0], ask)
-                KUEUE_DECIDE_SECONDS.observe(time.perf_counter() - started)
-            elif resync and self.config.preempt and _waiting_for_quota(workload):
-                answer = self.ask(ask, dry_run=True)
-                if answer["verdict"] == "admit" and answer.get("preempt"):
-                    self.preempt(answer["preempt"], ask.job_id)
-            if state == "Ready":
-                self.evicting.discard(ask.job_id)
+            self.asks[uid] = ask  # the reserved flavor and GPUs: a run's attribution after its eviction
         if job is not None:
-            self.spool_events(uid, plan(self.asks[uid], uid, job, evicted_at(workload),
-                                        int(self.now().timestamp()), self.config.producer), job)  # fmt: skip
+            # The Job's life first: a run just ended by preemption makes this a new request.
+            self.owners[job["metadata"]["uid"]] = uid
+            kept = replace(self.asks[uid], job_id=ask.job_id)
+            now = int(self.now().timestamp())
+            job = self.spool_events(
+                uid, plan(kept, uid, job, evicted_at(workload), now, self.config.producer), job
+            )
+            ask = replace(ask, job_id=job_id_of(workload, job))
+        if ours is None or is_true(workload, "Finished"):
+            return
+        state = ours[1].get("state")
+        if state == "Pending" and is_true(workload, "QuotaReserved"):
+            started = time.perf_counter()
+            self.decide(workload, ours[0], ask)
+            KUEUE_DECIDE_SECONDS.observe(time.perf_counter() - started)
+        elif resync and self.config.preempt and _waiting_for_quota(workload):
+            answer = self.ask(ask, dry_run=True)
+            if answer["verdict"] == "admit" and answer.get("preempt"):
+                self.preempt(answer["preempt"], ask.job_id)
+        if state == "Ready":
+            self.evicting.discard(ask.job_id)
 
-    def spool_events(self, uid: str, planned: Any, job: Obj) -> None:
+    def spool_events(self, uid: str, planned: Plan, job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Put the planned events not yet spooled, then mark the Job (its annotations); the Job as
+        it is now."""
         sent = self.sent.setdefault(uid, set())
         new = [e for e in planned.events if e.event_id not in sent]
         topic = self.config.job_events_topic()
@@ -260,29 +273,46 @@ class Controller:
             KUEUE_JOB_EVENTS.inc()
         if new:
             self._spooled.set()
+        if job is None:
+            return None
         annotations = (job.get("metadata") or {}).get("annotations") or {}
-        if planned.annotation != "keep":
-            wanted = None if planned.annotation is None else str(planned.annotation)
-            if annotations.get(RUN_STARTED) != wanted:
-                meta = job["metadata"]
-                self.batch.patch_namespaced_job(
-                    meta["name"], meta["namespace"], {"metadata": {"annotations": {RUN_STARTED: wanted}}}
-                )
+        changes = {k: v for k, v in planned.annotations.items() if annotations.get(k) != v}
+        if changes:
+            meta = job["metadata"]
+            patched = self.batch.patch_namespaced_job(
+                meta["name"], meta["namespace"], {"metadata": {"annotations": changes}}
+            )
+            job = self.api.sanitize_for_serialization(patched)
+            self.jobs[meta["uid"]] = job
+        return job
 
     def job_deleted(self, job: Obj) -> None:
-        for uid, ask in list(self.asks.items()):
-            if _owned_by(job, uid, self.workloads):
-                events = plan_deleted(ask, uid, job, int(self.now().timestamp()), self.config.producer)
-                self.spool_events(uid, _Planned(events), {"metadata": {}})
+        """A Job deleted while it ran: its run is cancelled now (whether or not its Workload is
+        still there: Kueue deletes it too)."""
+        uid = self.owners.pop(job["metadata"]["uid"], None)
+        ask = self.asks.get(uid) if uid else None
+        if uid is None or ask is None:
+            return
+        ask = replace(ask, job_id=f"kueue-{uid}" + (f"-{n}" if (n := preemptions(job)) else ""))
+        events = plan_deleted(ask, job, int(self.now().timestamp()), self.config.producer)
+        self.spool_events(uid, Plan(events, {}), None)
+        if not any(w["metadata"]["uid"] == uid for w in self.workloads.values()):
+            self._drop(uid)
 
     def forget(self, workload: Obj) -> None:
-        """A workload deleted: nothing of it is kept (its events were spooled)."""
+        """A workload deleted: nothing of it is kept, unless its Job is still there (to close a run
+        on the Job's deletion)."""
         uid = workload["metadata"]["uid"]
+        owner = owner_job(workload)
+        if owner is None or owner[1] not in self.jobs:
+            self._drop(uid)
+
+    def _drop(self, uid: str) -> None:
         for table in (self.sent, self.asks):
             table.pop(uid, None)
-        job_id = f"kueue-{uid}"
-        self.queued.discard(job_id)
-        self.evicting.discard(job_id)
+        for job_id in [j for j in self.queued | self.evicting if uid_of_job_id(j) == uid]:
+            self.queued.discard(job_id)
+            self.evicting.discard(job_id)
 
     # -- the loops -------------------------------------------------------------------------------
     def enqueue(self, key: str) -> None:
@@ -438,20 +468,6 @@ class Controller:
             self.on_job("ADDED", job)
         for workload in self._list_workloads().get("items", []):
             self.on_workload("ADDED", workload)
-
-
-@dataclass(frozen=True)
-class _Planned:
-    events: list[Any]
-    annotation: str = "keep"
-
-
-def _owned_by(job: Obj, workload_uid: str, workloads: Mapping[str, Obj]) -> bool:
-    for workload in workloads.values():
-        if workload["metadata"]["uid"] == workload_uid:
-            owner = owner_job(workload)
-            return owner is not None and owner[1] == job["metadata"]["uid"]
-    return False
 
 
 def _waiting_for_quota(workload: Obj) -> bool:

@@ -9,17 +9,26 @@ so the controller keeps each run's start on the Job itself (the annotation RUN_S
 ended while the controller was away is still closed at its start when it comes back. A Job
 deleted while it ran is cancelled then.
 
-Event ids are deterministic per workload and run (`kueue:<workload uid>:<run start>:started`, ...),
+Event ids are deterministic per job id and run (`kueue-<workload uid>:<run start>:started`, ...),
 so events sent twice, by a restarted controller or a resync, are one event to the platform: the
-ledger charges (end - start) x GPUs of each run, what the same run costs from Slurm.
+ledger charges (end - start) x GPUs of each run, what the same run costs from Slurm. A run ended by
+preemption counts on the Job (PREEMPTIONS): the next run is admitted, and charged, as a new job
+(integrations/kueue/workloads.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
 
-from allmende.integrations.kueue.workloads import Ask, Obj, condition, instant, is_true
+from allmende.integrations.kueue.workloads import (
+    PREEMPTIONS,
+    Ask,
+    Obj,
+    condition,
+    instant,
+    is_true,
+    preemptions,
+)
 from allmende.schemas.events import (
     FinishStatus,
     JobFinished,
@@ -65,75 +74,84 @@ def run_state(job: Obj) -> RunState:
 
 @dataclass(frozen=True)
 class Plan:
-    """The events a Job's state calls for, in order, and what RUN_STARTED should say after them
-    (None: remove it; "keep": leave it as it is)."""
+    """The events a Job's state calls for, in order, and the Job's annotations to set after them
+    (None: remove it)."""
 
     events: list[JobEvent]
-    annotation: int | Literal["keep"] | None
+    annotations: dict[str, str | None]
 
 
-def _submitted(ask: Ask, prefix: str, at: int, producer: str) -> JobSubmitted:
+def _submitted(ask: Ask, at: int, producer: str) -> JobSubmitted:
     return JobSubmitted(
-        event_id=f"{prefix}:submitted", occurred_at=at, producer=producer, job_id=ask.job_id,
+        event_id=f"{ask.job_id}:submitted", occurred_at=at, producer=producer, job_id=ask.job_id,
         project=ask.project, user=ask.user, cluster=ask.cluster, gpu_type=ask.gpu_type, gpus=ask.gpus,
         priority_class=PriorityClass(ask.priority_class), interactive=ask.interactive,
         requested_seconds=ask.requested_seconds,
     )  # fmt: skip
 
 
+def _started(ask: Ask, at: int, producer: str) -> list[JobEvent]:
+    started = JobStarted(
+        event_id=f"{ask.job_id}:{at}:started",
+        occurred_at=at,
+        gpus=ask.gpus,
+        producer=producer,
+        job_id=ask.job_id,
+    )
+    return [_submitted(ask, at, producer), started]
+
+
+def _preempted(ask: Ask, start: int, at: int, producer: str) -> JobPreempted:
+    return JobPreempted(
+        event_id=f"{ask.job_id}:{start}:preempted", occurred_at=max(at, start), started_at=start,
+        reason="evicted by Kueue (preempted, or its admission check asked to retry)", producer=producer,
+        job_id=ask.job_id,
+    )  # fmt: skip
+
+
+def _ended(ask: Ask, start: int, end: int, status: FinishStatus, producer: str) -> JobFinished:
+    return JobFinished(
+        event_id=f"{ask.job_id}:{start}:finished", occurred_at=max(end, start), started_at=start,
+        status=status, producer=producer, job_id=ask.job_id,
+    )  # fmt: skip
+
+
 def plan(ask: Ask, workload_uid: str, job: Obj, evicted_at: int | None, now: int, producer: str) -> Plan:
-    """The events of the Job's life so far (every one of them: the caller sends what it has not)."""
-    prefix = f"kueue:{workload_uid}"
+    """The events of the Job's life so far (every one of them: the caller sends what it has not).
+    `ask` is the workload's request under its current job id (PREEMPTIONS runs preempted so far)."""
     state = run_state(job)
-    common = {"producer": producer, "job_id": ask.job_id}
-
-    def started(at: int) -> list[JobEvent]:
-        return [
-            _submitted(ask, prefix, at, producer),
-            JobStarted(event_id=f"{prefix}:{at}:started", occurred_at=at, gpus=ask.gpus, **common),
-        ]
-
-    def preempted(start: int, at: int) -> JobPreempted:
-        return JobPreempted(
-            event_id=f"{prefix}:{start}:preempted", occurred_at=max(at, start), started_at=start,
-            reason="evicted by Kueue (preempted, or its admission check asked to retry)", **common,
-        )  # fmt: skip
-
+    n = preemptions(job)
+    after = replace(ask, job_id=f"kueue-{workload_uid}-{n + 1}")  # the request after one more preemption
     if state.finished is not None:
         start = state.run_start
         if start is None:
-            return Plan([], "keep")  # never ran (failed before a pod started): nothing to charge
+            return Plan([], {})  # never ran (failed before a pod started): nothing to charge
         status, end = state.finished
-        finished = JobFinished(
-            event_id=f"{prefix}:{start}:finished", occurred_at=max(end, start), started_at=start,
-            status=status, **common,
-        )  # fmt: skip
-        return Plan([*started(start), finished], "keep")
+        return Plan([*_started(ask, start, producer), _ended(ask, start, end, status, producer)], {})
     if state.started_at is not None:
-        events = []
         if state.recorded is not None and state.recorded != state.started_at:
             # a run ended while we were away and another began: the first closed where it stopped
-            events.append(preempted(state.recorded, min(evicted_at or state.started_at, state.started_at)))
-        return Plan([*events, *started(state.started_at)], state.started_at)
-    if state.recorded is not None:  # suspended again (evicted): the run is over
-        return Plan([*started(state.recorded), preempted(state.recorded, evicted_at or now)], None)
-    return Plan([], "keep")
+            at = min(evicted_at or state.started_at, state.started_at)
+            events = [*_started(ask, state.recorded, producer), _preempted(ask, state.recorded, at, producer)]
+            marks: dict[str, str | None] = {RUN_STARTED: str(state.started_at), PREEMPTIONS: str(n + 1)}
+            return Plan([*events, *_started(after, state.started_at, producer)], marks)
+        return Plan(_started(ask, state.started_at, producer), {RUN_STARTED: str(state.started_at)})
+    if state.recorded is not None:  # suspended again (evicted): the run is over; the next is a new request
+        events = [
+            *_started(ask, state.recorded, producer),
+            _preempted(ask, state.recorded, evicted_at or now, producer),
+        ]
+        return Plan(events, {RUN_STARTED: None, PREEMPTIONS: str(n + 1)})
+    return Plan([], {})
 
 
-def plan_deleted(ask: Ask, workload_uid: str, job: Obj, now: int, producer: str) -> list[JobEvent]:
+def plan_deleted(ask: Ask, job: Obj, now: int, producer: str) -> list[JobEvent]:
     """A Job deleted (its last state): a run still going is cancelled now."""
     state = run_state(job)
     start = state.run_start
     if state.finished is not None or start is None:
         return []
-    prefix = f"kueue:{workload_uid}"
-    return [
-        _submitted(ask, prefix, start, producer),
-        JobStarted(event_id=f"{prefix}:{start}:started", occurred_at=start, gpus=ask.gpus,
-                   producer=producer, job_id=ask.job_id),
-        JobFinished(event_id=f"{prefix}:{start}:finished", occurred_at=max(now, start), started_at=start,
-                    status=FinishStatus.CANCELLED, producer=producer, job_id=ask.job_id),
-    ]  # fmt: skip
+    return [*_started(ask, start, producer), _ended(ask, start, now, FinishStatus.CANCELLED, producer)]
 
 
 def evicted_at(workload: Obj) -> int | None:

@@ -4,7 +4,10 @@ of the objects as the API server returns them (dicts), tested directly.
 One function (`ask_of`) gives both the admission request and the lifecycle events' attribution, so
 a workload is charged as it was admitted. The job id is `kueue-<workload uid>`: a Workload is one
 request (Kueue makes a new one, with a new uid, when a Job's pod template changes), and the same
-id asked twice gets the same answer.
+id asked twice gets the same answer. A run ended by preemption makes the next admission a new
+request (`kueue-<uid>-<n>` after n such runs, counted on the Job: PREEMPTIONS), else a preempted
+workload would be answered its old admit when Kueue requeues it, and run again on the GPUs it was
+preempted to free.
 
 Where each field comes from, first found wins (labels, then annotations; the Workload, then its
 Job, then its namespace; Kueue copies only some of a Job's labels to its Workload):
@@ -69,13 +72,25 @@ class Ask:
         return math.ceil(self.requested_hours * 3600)
 
 
-def job_id_of(workload: Obj) -> str:
-    return f"kueue-{workload['metadata']['uid']}"
+PREEMPTIONS = "allmende.io/preemptions"  # the Job's annotation: its runs ended by preemption
+_JOB_ID = re.compile(r"^kueue-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})(?:-(\d+))?$")
+
+
+def preemptions(job: Obj | None) -> int:
+    value = str(((job or {}).get("metadata") or {}).get("annotations", {}).get(PREEMPTIONS) or "0")
+    return int(value) if value.isdigit() else 0
+
+
+def job_id_of(workload: Obj, job: Obj | None = None) -> str:
+    """`kueue-<workload uid>`, and `-<n>` after n runs ended by preemption."""
+    n = preemptions(job)
+    return f"kueue-{workload['metadata']['uid']}" + (f"-{n}" if n else "")
 
 
 def uid_of_job_id(job_id: str) -> str | None:
     """The Workload uid behind one of this controller's job ids; None for other schedulers' jobs."""
-    return job_id.removeprefix("kueue-") if job_id.startswith("kueue-") else None
+    found = _JOB_ID.match(job_id)
+    return found.group(1) if found else None
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -213,7 +228,7 @@ def ask_of(workload: Obj, job: Obj | None, namespace: Obj | None, config: KueueC
         if not _IDENTIFIER.match(value):
             raise NotAskable(f"the {name} {value!r} is not an identifier (letters, digits, ._:@/+-)")
     return Ask(
-        job_id=job_id_of(workload), project=project, user=user, cluster=cluster, gpu_type=gpu_type,
+        job_id=job_id_of(workload, job), project=project, user=user, cluster=cluster, gpu_type=gpu_type,
         gpus=gpus, priority_class=priority,
         interactive=(_lookup(config.interactive_key, sources) or "").lower() == "true",
         requested_hours=_hours(workload, job, sources, config),

@@ -13,6 +13,7 @@ import pytest
 from allmende.integrations.kueue.config import Flavor, KueueConfig
 from allmende.integrations.kueue.lifecycle import RUN_STARTED, plan, plan_deleted
 from allmende.integrations.kueue.workloads import (
+    PREEMPTIONS,
     NotAskable,
     ask_of,
     check_patch,
@@ -21,6 +22,7 @@ from allmende.integrations.kueue.workloads import (
 )
 from allmende.schemas.events import FinishStatus, JobFinished, JobPreempted, JobStarted, JobSubmitted
 
+UID = "0f6c11aa-1b2c-4d3e-8f90-123456789abc"
 CONFIG = KueueConfig(
     cluster="k8s-a",
     flavors={"b200": Flavor(gpu_type="B200"), "h100-b": Flavor(gpu_type="H100", cluster="k8s-b")},
@@ -34,7 +36,7 @@ def workload(**changes: Any) -> dict[str, Any]:
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
         "metadata": {
-            "name": "job-train-1a2b3", "namespace": "nlp", "uid": "0f6c-11",
+            "name": "job-train-1a2b3", "namespace": "nlp", "uid": UID,
             "labels": {"kueue.x-k8s.io/job-uid": "77aa"},
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "77aa"}],
         },
@@ -71,11 +73,16 @@ def reserved(w: dict[str, Any], flavor: str, gpus: str) -> dict[str, Any]:
 
 def test_a_waiting_workload_is_its_pod_sets_and_the_namespace_its_project() -> None:
     ask = ask_of(workload(), None, None, CONFIG)
-    assert (ask.job_id, ask.project, ask.user, ask.cluster) == ("kueue-0f6c-11", "nlp", "nlp", "k8s-a")
+    assert (ask.job_id, ask.project, ask.user, ask.cluster) == (f"kueue-{UID}", "nlp", "nlp", "k8s-a")
     assert (ask.gpus, ask.gpu_type, ask.priority_class, ask.interactive) == (8, "H100", "standard", False)
     assert ask.requested_hours == 2 and ask.requested_seconds == 7200
     assert ask.body()["requested_hours"] == "2"
-    assert uid_of_job_id(ask.job_id) == "0f6c-11" and uid_of_job_id("slurm-a-12") is None
+    assert uid_of_job_id(ask.job_id) == UID and uid_of_job_id(f"kueue-{UID}-2") == UID
+    assert uid_of_job_id("slurm-a-12") is None
+    # after two runs ended by preemption, the next admission is a new request
+    assert ask_of(workload(), {"metadata": {"annotations": {PREEMPTIONS: "2"}}}, None, CONFIG).job_id == (
+        f"kueue-{UID}-2"
+    )
 
 
 def test_reserved_quota_gives_the_gpus_and_the_flavor_its_type_and_cluster() -> None:
@@ -173,9 +180,9 @@ def job(started: int | None = None, suspend: bool = False, recorded: int | None 
 
 
 def test_a_run_starts_and_completes_charging_end_minus_start() -> None:
-    running = plan(ASK, "0f6c-11", job(started=T0), None, T0 + 5, "kueue")
+    running = plan(ASK, UID, job(started=T0), None, T0 + 5, "kueue")
     assert [type(e) for e in running.events] == [JobSubmitted, JobStarted]
-    assert running.annotation == T0
+    assert running.annotations == {RUN_STARTED: str(T0)}
     submitted = running.events[0]
     assert isinstance(submitted, JobSubmitted)
     assert (submitted.project, submitted.gpu_type, submitted.gpus, submitted.requested_seconds) == (
@@ -184,9 +191,7 @@ def test_a_run_starts_and_completes_charging_end_minus_start() -> None:
         8,
         7200,
     )
-    done = plan(
-        ASK, "0f6c-11", job(started=T0, recorded=T0, done=("Complete", T0 + 600)), None, T0 + 700, "k"
-    )
+    done = plan(ASK, UID, job(started=T0, recorded=T0, done=("Complete", T0 + 600)), None, T0 + 700, "k")
     finished = done.events[-1]
     assert isinstance(finished, JobFinished)
     assert (finished.status, finished.started_at, finished.occurred_at) == (
@@ -195,32 +200,36 @@ def test_a_run_starts_and_completes_charging_end_minus_start() -> None:
         T0 + 600,
     )
     assert [e.event_id for e in done.events] == [
-        "kueue:0f6c-11:submitted",
-        f"kueue:0f6c-11:{T0}:started",
-        f"kueue:0f6c-11:{T0}:finished",
+        f"kueue-{UID}:submitted",
+        f"kueue-{UID}:{T0}:started",
+        f"kueue-{UID}:{T0}:finished",
     ]  # the same ids whenever they are planned: sent twice, one event
+    assert done.annotations == {}
 
 
-def test_an_evicted_run_ends_at_the_eviction_and_the_next_run_is_a_new_one() -> None:
-    evicted = plan(ASK, "0f6c-11", job(suspend=True, recorded=T0), T0 + 300, T0 + 400, "k")
+def test_an_evicted_run_ends_at_the_eviction_and_the_next_run_is_a_new_job() -> None:
+    evicted = plan(ASK, UID, job(suspend=True, recorded=T0), T0 + 300, T0 + 400, "k")
     preempted = evicted.events[-1]
     assert isinstance(preempted, JobPreempted)
-    assert (preempted.started_at, preempted.occurred_at) == (T0, T0 + 300)
-    assert evicted.annotation is None
-    # a controller that was away while the run ended and the next began closes the first at its eviction
-    again = plan(ASK, "0f6c-11", job(started=T0 + 900, recorded=T0), T0 + 300, T0 + 950, "k")
-    kinds = [(type(e).__name__, getattr(e, "started_at", None)) for e in again.events]
-    assert kinds == [("JobPreempted", T0), ("JobSubmitted", None), ("JobStarted", None)]
-    assert again.events[0].occurred_at == T0 + 300 and again.events[2].occurred_at == T0 + 900
-    assert again.annotation == T0 + 900
+    assert (preempted.job_id, preempted.started_at, preempted.occurred_at) == (f"kueue-{UID}", T0, T0 + 300)
+    assert evicted.annotations == {RUN_STARTED: None, PREEMPTIONS: "1"}
+    # a controller that was away while the run ended and the next began closes the first at its
+    # eviction, and the next run is the next job id's
+    again = plan(ASK, UID, job(started=T0 + 900, recorded=T0), T0 + 300, T0 + 950, "k")
+    kinds = [(type(e).__name__, e.job_id) for e in again.events]
+    first, second = f"kueue-{UID}", f"kueue-{UID}-1"
+    assert kinds == [("JobSubmitted", first), ("JobStarted", first), ("JobPreempted", first),
+                     ("JobSubmitted", second), ("JobStarted", second)]  # fmt: skip
+    assert again.events[2].occurred_at == T0 + 300 and again.events[4].occurred_at == T0 + 900
+    assert again.annotations == {RUN_STARTED: str(T0 + 900), PREEMPTIONS: "1"}
 
 
 def test_failed_never_started_and_deleted_jobs() -> None:
-    failed = plan(ASK, "u", job(started=T0, done=("Failed", T0 + 60)), None, T0 + 70, "k").events[-1]
+    failed = plan(ASK, UID, job(started=T0, done=("Failed", T0 + 60)), None, T0 + 70, "k").events[-1]
     assert isinstance(failed, JobFinished) and failed.status == FinishStatus.FAILED
-    assert plan(ASK, "u", job(done=("Failed", T0)), None, T0, "k").events == []
-    assert plan(ASK, "u", job(suspend=True), None, T0, "k").events == []
-    cancelled = plan_deleted(ASK, "u", job(started=T0, recorded=T0), T0 + 120, "k")[-1]
+    assert plan(ASK, UID, job(done=("Failed", T0)), None, T0, "k").events == []
+    assert plan(ASK, UID, job(suspend=True), None, T0, "k").events == []
+    cancelled = plan_deleted(ASK, job(started=T0, recorded=T0), T0 + 120, "k")[-1]
     assert isinstance(cancelled, JobFinished)
     assert (cancelled.status, cancelled.occurred_at) == (FinishStatus.CANCELLED, T0 + 120)
-    assert plan_deleted(ASK, "u", job(started=T0, done=("Complete", T0 + 5)), T0 + 120, "k") == []
+    assert plan_deleted(ASK, job(started=T0, done=("Complete", T0 + 5)), T0 + 120, "k") == []
