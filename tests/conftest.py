@@ -21,6 +21,7 @@ from allmende.core.ledger_store import LedgerStore
 from allmende.core.settings import Settings
 from allmende.streams.ledger_writer import LedgerWriter
 from allmende.testing.harness import Pipeline
+from allmende.testing.kubernetes import BIN, KubeCluster, missing_binaries, running_kubernetes
 from allmende.testing.tagged_settings import tagged_settings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -105,3 +106,18 @@ def pipeline(
     yield running
     for worker in running.meters:
         worker.kill()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """A real etcd, kube-apiserver and Kueue on 127.0.0.1, one per session (tests/kueue, and the
+    Slurm twin in tests/slurm; allmende.testing.kubernetes; built by `make kubernetes`)."""
+    if missing := missing_binaries():
+        names = ", ".join(str(path.relative_to(BIN)) for path in missing)
+        pytest.fail(f"not in {BIN}: {names}: run `make kubernetes` first", pytrace=False)
+    with running_kubernetes(tmp_path_factory.mktemp("kubernetes")) as cluster:
+        phases = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in cluster.phase_seconds.items())
+        memory = sum(cluster.rss_mb().values())
+        # shown with -s
+        print(f"\nKubernetes with Kueue ready in {cluster.startup_seconds:.1f}s ({phases}), {memory:.0f} MB")
+        yield cluster
