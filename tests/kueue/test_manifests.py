@@ -29,8 +29,8 @@ def test_every_manifest_is_valid_on_the_server(kube: KubeCluster) -> None:
     kinds = {line.split()[0].split("/")[0] for line in applied.stdout.splitlines()}
     expected = {
         "namespace", "serviceaccount", "clusterrole.rbac.authorization.k8s.io",
-        "clusterrolebinding.rbac.authorization.k8s.io", "admissioncheck.kueue.x-k8s.io", "configmap", "secret",
-        "persistentvolumeclaim", "deployment.apps", "resourceflavor.kueue.x-k8s.io",
+        "clusterrolebinding.rbac.authorization.k8s.io", "admissioncheck.kueue.x-k8s.io", "configmap",
+        "secret", "persistentvolumeclaim", "deployment.apps", "resourceflavor.kueue.x-k8s.io",
         "clusterqueue.kueue.x-k8s.io", "localqueue.kueue.x-k8s.io",
     }  # fmt: skip
     assert expected <= kinds, applied.stdout
