@@ -100,6 +100,7 @@ class Controller:
     asks: dict[str, Ask] = field(default_factory=dict)  # workload uid -> its request (attribution)
     owners: dict[str, str] = field(default_factory=dict)  # Job uid -> its Workload's uid
     _pending: set[str] = field(default_factory=set)
+    _gone: list[tuple[Callable[[Obj], None], dict[str, Any]]] = field(default_factory=list)  # deletions
     _wake: threading.Condition = field(default_factory=threading.Condition)
     _stop: threading.Event = field(default_factory=threading.Event)
     _spooled: threading.Event = field(default_factory=threading.Event)
@@ -167,7 +168,9 @@ class Controller:
                 f"the admission API answered {answer.status_code}: {answer.text[:300]}"
             )
         if answer.status_code != 200:  # 4xx: this request is wrong; the workload is told why
-            detail = answer.json().get("detail", answer.text) if answer.content else answer.reason_phrase
+            detail = _detail(answer)
+            if answer.status_code == 409:  # decided before with other parameters (another flavor): not final
+                return {"verdict": "queue", "sentence": f"the admission API: {detail}"}
             return {"verdict": "reject", "sentence": f"the admission API refused the request: {detail}"}
         body: dict[str, Any] = answer.json()
         return body
@@ -190,7 +193,7 @@ class Controller:
 
     def preempt(self, victims: list[Mapping[str, Any]], for_job: str) -> None:
         """Evict the victims that are Kueue workloads, in the planner's order (Retry on our check)."""
-        by_uid = {w["metadata"]["uid"]: w for w in self.workloads.values()}
+        by_uid = {w["metadata"]["uid"]: w for w in list(self.workloads.values())}
         for victim in victims:
             uid = uid_of_job_id(str(victim["job_id"]))
             target = by_uid.get(uid) if uid else None
@@ -296,7 +299,7 @@ class Controller:
         ask = replace(ask, job_id=f"kueue-{uid}" + (f"-{n}" if (n := preemptions(job)) else ""))
         events = plan_deleted(ask, job, int(self.now().timestamp()), self.config.producer)
         self.spool_events(uid, Plan(events, {}), None)
-        if not any(w["metadata"]["uid"] == uid for w in self.workloads.values()):
+        if not any(w["metadata"]["uid"] == uid for w in list(self.workloads.values())):
             self._drop(uid)
 
     def forget(self, workload: Obj) -> None:
@@ -324,7 +327,7 @@ class Controller:
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         if kind == "DELETED":
             self.workloads.pop(key, None)
-            self.forget(obj)
+            self._hand_over(self.forget, obj)
             return
         self.workloads[key] = obj
         self.enqueue(key)
@@ -333,12 +336,18 @@ class Controller:
         uid = obj["metadata"]["uid"]
         if kind == "DELETED":
             self.jobs.pop(uid, None)
-            self.job_deleted(obj)
+            self._hand_over(self.job_deleted, obj)
             return
         self.jobs[uid] = obj
         for key, workload in list(self.workloads.items()):
             if (owner := owner_job(workload)) and owner[1] == uid:
                 self.enqueue(key)
+
+    def _hand_over(self, step: Callable[[Obj], None], obj: dict[str, Any]) -> None:
+        """A deletion, for the worker: it alone touches what was spooled and asked."""
+        with self._wake:
+            self._gone.append((step, obj))
+            self._wake.notify()
 
     def work(self) -> None:
         """Reconcile queued workloads until stopped; every resync_s, all of them (with dry runs)."""
@@ -346,33 +355,40 @@ class Controller:
         while not self._stop.is_set():
             with self._wake:
                 timeout = max(0.0, next_resync - time.monotonic())
-                if not self._pending:
+                if not self._pending and not self._gone:
                     self._wake.wait(timeout)
                 keys, self._pending = self._pending, set()
+                gone, self._gone = self._gone, []
+            for step, obj in gone:
+                self._safely(step, obj)
             resync = time.monotonic() >= next_resync
             if resync:
                 next_resync = time.monotonic() + self.config.resync_s
-                keys |= set(self.workloads)
+                keys |= set(list(self.workloads))
                 self._refresh_checks()
             for key in sorted(keys):
                 self._reconcile_safely(key, resync)
 
     def _reconcile_safely(self, key: str, resync: bool) -> None:
+        if not self._safely(self.reconcile, key, resync):
+            self._retry_later(key)
+
+    def _safely(self, call: Callable[..., None], *args: Any) -> bool:
+        """Run one step of the worker; False (logged, counted) if it failed."""
         try:
-            self.reconcile(key, resync)
+            call(*args)
+            return True
         except AdmissionUnavailable as exc:
             KUEUE_ERRORS.labels(kind="admission").inc()
-            log.warning("kueue_admission_unavailable", workload=key, error=str(exc))
-            self._retry_later(key)
+            log.warning("kueue_admission_unavailable", step=call.__name__, args=str(args[:1]), error=str(exc))
         except ApiException as exc:
             KUEUE_ERRORS.labels(kind="kubernetes").inc()
             if exc.status != 409:  # a conflict: the newer object is on its way through the watch
-                log.warning("kueue_api_error", workload=key, status=exc.status, reason=exc.reason)
-            self._retry_later(key)
+                log.warning("kueue_api_error", step=call.__name__, status=exc.status, reason=exc.reason)
         except Exception:
             KUEUE_ERRORS.labels(kind="controller").inc()
-            log.exception("kueue_reconcile_failed", workload=key)
-            self._retry_later(key)
+            log.exception("kueue_step_failed", step=call.__name__)
+        return False
 
     def _retry_later(self, key: str, after_s: float = 1.0) -> None:
         timer = threading.Timer(after_s, self.enqueue, (key,))
@@ -468,6 +484,15 @@ class Controller:
             self.on_job("ADDED", job)
         for workload in self._list_workloads().get("items", []):
             self.on_workload("ADDED", workload)
+
+
+def _detail(answer: httpx.Response) -> str:
+    """The API's reason for a 4xx (FastAPI's `detail`, a string or {"detail", "code"})."""
+    try:
+        detail = answer.json().get("detail", answer.text)
+    except ValueError:
+        return answer.text[:300] or answer.reason_phrase
+    return str(detail.get("detail", detail)) if isinstance(detail, dict) else str(detail)
 
 
 def _waiting_for_quota(workload: Obj) -> bool:
