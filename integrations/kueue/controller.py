@@ -53,7 +53,7 @@ from allmende.core.metrics import (
     register,
 )
 from allmende.integrations.kueue.config import KueueConfig
-from allmende.integrations.kueue.lifecycle import Plan, evicted_at, plan, plan_deleted
+from allmende.integrations.kueue.lifecycle import RUN_STARTED, Plan, evicted_at, plan, plan_deleted
 from allmende.integrations.kueue.workloads import (
     CHECK_STATE,
     Ask,
@@ -77,6 +77,8 @@ log = structlog.get_logger("allmende.kueue")
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 FIELD_MANAGER = "allmende-kueue"
 MANAGED = "kueue.x-k8s.io/queue-name"  # the label of a Job Kueue manages
+NOTE = "allmende.io/admission"  # the Job's annotation: the latest verdict or preemption, with its reason
+NOTE_MAX = 4096
 
 
 class AdmissionUnavailable(RuntimeError):
@@ -156,6 +158,18 @@ class Controller:
             "kueue_check_set", workload=f"{meta['namespace']}/{meta['name']}", state=state, message=message
         )
 
+    def note(self, workload: Obj, message: str) -> None:
+        """The latest word on the workload, on its Job (NOTE): Kueue resets a check's message when
+        it evicts, and `kubectl describe job` is where a researcher looks."""
+        job = self.job_of(workload)
+        if job is None or _annotations(job).get(NOTE) == message[:NOTE_MAX]:
+            return
+        meta = job["metadata"]
+        body = {"metadata": {"annotations": {NOTE: message[:NOTE_MAX]}}}
+        self.jobs[meta["uid"]] = self.api.sanitize_for_serialization(
+            self.batch.patch_namespaced_job(meta["name"], meta["namespace"], body)
+        )
+
     # -- asking ----------------------------------------------------------------------------------
     def ask(self, ask: Ask, dry_run: bool) -> dict[str, Any]:
         try:
@@ -190,6 +204,7 @@ class Controller:
         if answer["verdict"] == "admit" and self.config.preempt:
             self.preempt(answer.get("preempt") or [], ask.job_id)
         self.set_check(workload, check, CHECK_STATE[answer["verdict"]], check_message(answer))
+        self.note(workload, check_message(answer))
 
     def preempt(self, victims: list[Mapping[str, Any]], for_job: str) -> None:
         """Evict the victims that are Kueue workloads, in the planner's order (Retry on our check)."""
@@ -200,10 +215,11 @@ class Controller:
             if target is None or victim["job_id"] in self.evicting:
                 continue  # another scheduler's job, gone already, or already asked to leave
             ours = self.our_check(target)
-            if ours is None or not is_true(target, "Admitted"):
+            if ours is None or not is_true(target, "Admitted") or is_true(target, "Evicted"):
                 continue
             reason = f"allmende: preempted for {for_job}: {victim.get('reason', victim.get('code', ''))}"
             self.set_check(target, ours[0], "Retry", reason)
+            self.note(target, reason)
             self.evicting.add(str(victim["job_id"]))
             log.info("kueue_preempted", victim=victim["job_id"], for_job=for_job, code=victim.get("code"))
 
@@ -244,6 +260,10 @@ class Controller:
         if job is not None:
             # The Job's life first: a run just ended by preemption makes this a new request.
             self.owners[job["metadata"]["uid"]] = uid
+            if ours is not None and ours[1].get("state") == "Pending" and RUN_STARTED in _annotations(job):
+                # Asked again with a run on record: Kueue evicted it (its checks reset on eviction),
+                # whether or not the Job's suspension has reached us yet.
+                job = {**job, "spec": {**(job.get("spec") or {}), "suspend": True}}
             kept = replace(self.asks[uid], job_id=ask.job_id)
             now = int(self.now().timestamp())
             job = self.spool_events(
@@ -253,16 +273,28 @@ class Controller:
         if ours is None or is_true(workload, "Finished"):
             return
         state = ours[1].get("state")
-        if state == "Pending" and is_true(workload, "QuotaReserved"):
+        if state == "Pending" and is_true(workload, "QuotaReserved") and not is_true(workload, "Evicted"):
+            # (an evicted workload keeps its quota a moment, its checks reset: not a new reservation)
             started = time.perf_counter()
             self.decide(workload, ours[0], ask)
             KUEUE_DECIDE_SECONDS.observe(time.perf_counter() - started)
         elif resync and self.config.preempt and _waiting_for_quota(workload):
-            answer = self.ask(ask, dry_run=True)
-            if answer["verdict"] == "admit" and answer.get("preempt"):
-                self.preempt(answer["preempt"], ask.job_id)
+            self.make_room(workload, ask)
         if state == "Ready":
             self.evicting.discard(ask.job_id)
+
+    def make_room(self, workload: Obj, ask: Ask) -> None:
+        """A workload without quota (so without a check to answer): if the platform would admit it
+        by preempting (a time-slice window, the interactive lane), it is admitted for real, so that
+        its hold keeps the victims' next asks from taking the GPUs back before Kueue gives it the
+        quota (its check then gets the same answer), and the victims are evicted."""
+        dry = self.ask(ask, dry_run=True)
+        if dry["verdict"] != "admit" or not dry.get("preempt"):
+            return  # not admissible, or admissible without anyone leaving: Kueue's quota is the limit
+        answer = self.ask(ask, dry_run=False)
+        if answer["verdict"] == "admit":
+            self.preempt(answer.get("preempt") or [], ask.job_id)
+            self.note(workload, check_message(answer))
 
     def spool_events(self, uid: str, planned: Plan, job: dict[str, Any] | None) -> dict[str, Any] | None:
         """Put the planned events not yet spooled, then mark the Job (its annotations); the Job as
@@ -297,7 +329,8 @@ class Controller:
         if uid is None or ask is None:
             return
         ask = replace(ask, job_id=f"kueue-{uid}" + (f"-{n}" if (n := preemptions(job)) else ""))
-        events = plan_deleted(ask, job, int(self.now().timestamp()), self.config.producer)
+        admitted = _annotations(job).get(NOTE, "").startswith("allmende: admit:")
+        events = plan_deleted(ask, job, int(self.now().timestamp()), self.config.producer, admitted)
         self.spool_events(uid, Plan(events, {}), None)
         if not any(w["metadata"]["uid"] == uid for w in list(self.workloads.values())):
             self._drop(uid)
@@ -493,6 +526,10 @@ def _detail(answer: httpx.Response) -> str:
     except ValueError:
         return answer.text[:300] or answer.reason_phrase
     return str(detail.get("detail", detail)) if isinstance(detail, dict) else str(detail)
+
+
+def _annotations(obj: Obj) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
 
 
 def _waiting_for_quota(workload: Obj) -> bool:

@@ -6,7 +6,9 @@ its completion (`Complete`: succeeded, `Failed`: failed; JobFinished at `complet
 condition's transition), or when Kueue suspends it again (evicted, preempted: JobPreempted at the
 Workload's `Evicted` transition). The job controller clears `startTime` when a Job is suspended,
 so the controller keeps each run's start on the Job itself (the annotation RUN_STARTED): a run
-ended while the controller was away is still closed at its start when it comes back. A Job
+ended while the controller was away is still closed at its start when it comes back. A run ends by
+preemption at the Job's `Suspended` condition (the job controller's), else at the Workload's
+`Evicted` transition. A Job
 deleted while it ran is cancelled then.
 
 Event ids are deterministic per job id and run (`kueue-<workload uid>:<run start>:started`, ...),
@@ -121,6 +123,7 @@ def plan(ask: Ask, workload_uid: str, job: Obj, evicted_at: int | None, now: int
     `ask` is the workload's request under its current job id (PREEMPTIONS runs preempted so far)."""
     state = run_state(job)
     n = preemptions(job)
+    evicted_at = suspended_at(job) or evicted_at  # the job controller's record is the closer one
     after = replace(ask, job_id=f"kueue-{workload_uid}-{n + 1}")  # the request after one more preemption
     if state.finished is not None:
         start = state.run_start
@@ -145,13 +148,25 @@ def plan(ask: Ask, workload_uid: str, job: Obj, evicted_at: int | None, now: int
     return Plan([], {})
 
 
-def plan_deleted(ask: Ask, job: Obj, now: int, producer: str) -> list[JobEvent]:
-    """A Job deleted (its last state): a run still going is cancelled now."""
+def plan_deleted(ask: Ask, job: Obj, now: int, producer: str, admitted: bool = False) -> list[JobEvent]:
+    """A Job deleted (its last state): a run still going is cancelled now. One `admitted` that never
+    ran is closed too, as cancelled at once (no GPU-second): else the platform would keep its GPUs
+    reserved for it until its start deadline."""
     state = run_state(job)
     start = state.run_start
-    if state.finished is not None or start is None:
+    if state.finished is not None:
         return []
+    if start is None:
+        if not admitted:
+            return []
+        return [_submitted(ask, now, producer), _ended(ask, now, now, FinishStatus.CANCELLED, producer)]
     return [*_started(ask, start, producer), _ended(ask, start, now, FinishStatus.CANCELLED, producer)]
+
+
+def suspended_at(job: Obj) -> int | None:
+    """When the Job was last suspended (the job controller's `Suspended` condition)."""
+    c = condition(job, "Suspended")
+    return instant(c.get("lastTransitionTime")) if c is not None and c.get("status") == "True" else None
 
 
 def evicted_at(workload: Obj) -> int | None:

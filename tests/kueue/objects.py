@@ -195,5 +195,16 @@ def complete(kube: KubeCluster, job: dict[str, Any], at: int) -> dict[str, Any]:
                         content_type="application/merge-patch+json")  # fmt: skip
 
 
+def stop_pods(kube: KubeCluster, job: dict[str, Any], at: int) -> dict[str, Any]:
+    """Kueue suspended the Job: its pods are gone at `at` (what the job controller writes: no active
+    pod, no start time, the `Suspended` condition). Kueue releases the quota only then."""
+    when = stamp(at)
+    suspended = {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended",
+                 "lastTransitionTime": when, "lastProbeTime": when}  # fmt: skip
+    body = {"status": {"active": 0, "ready": 0, "startTime": None, "conditions": [suspended]}}
+    return kube.request("PATCH", f"{job_path(job)}/status", json_body=body,
+                        content_type="application/merge-patch+json")  # fmt: skip
+
+
 def delete(kube: KubeCluster, job: dict[str, Any]) -> None:
     kube.request("DELETE", job_path(job), params={"propagationPolicy": "Background"})

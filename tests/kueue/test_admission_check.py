@@ -25,7 +25,7 @@ import pytest
 
 from allmende.core.settings import Settings
 from allmende.integrations.kueue.config import Flavor, KueueConfig
-from allmende.integrations.kueue.controller import Controller, admission_client, kubernetes_client
+from allmende.integrations.kueue.controller import NOTE, Controller, admission_client, kubernetes_client
 from allmende.integrations.kueue.lifecycle import RUN_STARTED
 from allmende.integrations.kueue.workloads import ask_of
 from allmende.integrations.slurm.local import current_quarter, plan_text
@@ -44,6 +44,7 @@ from tests.kueue.objects import (
     check_states,
     cluster_queue,
     complete,
+    condition,
     current,
     delete,
     flavor,
@@ -51,6 +52,7 @@ from tests.kueue.objects import (
     is_true,
     namespace_with_queue,
     start,
+    stop_pods,
     workload_of,
 )
 
@@ -129,8 +131,8 @@ def built(config: KueueConfig) -> Controller:
 
 
 def queue_for(kube: KubeCluster, name: str, projects: list[str], gpus: int = 16) -> dict[str, str]:
-    """A ClusterQueue `name` with the check, and a namespace per project with a LocalQueue in it:
-    project -> namespace."""
+    """A ClusterQueue `name` with the check (active once a controller marked the check), and a
+    namespace per project with a LocalQueue in it: project -> namespace."""
     cluster_queue(kube, name, FLAVOR, checks=[CHECK], gpus=gpus, cpus=64)
     wait_for(lambda: is_true(kube.get(f"{KUEUE}/clusterqueues/{name}"), "Active"), 30, f"{name} active")
     spaces = {}
@@ -164,9 +166,30 @@ def in_state(kube: KubeCluster, job: dict[str, Any], state: str) -> dict[str, An
     return workload if workload is not None and check_states(workload).get(CHECK) == state else None
 
 
+def inactive(kube: KubeCluster, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The Job's Workload once deactivated (`spec.active: false`)."""
+    workload = workload_of(kube, job)
+    return workload if workload is not None and workload.get("spec", {}).get("active") is False else None
+
+
 def verdict(platform: Platform, job: str) -> str | None:
     decided = platform.admission.state.decisions.get(job)
     return None if decided is None else str(decided.verdict)
+
+
+def let_go(kube: KubeCluster, platform: Platform, *jobs: dict[str, Any]) -> None:
+    """Delete the Jobs (the controller running) and wait until the platform holds no GPU for any
+    of their workloads' job ids: the next test finds the cluster free."""
+    uids = [w["metadata"]["uid"] for j in jobs if (w := workload_of(kube, j)) is not None]
+    for job in jobs:
+        delete(kube, job)
+
+    def free() -> bool:
+        state = platform.admission.state
+        ids = [j for j in list(state.decisions) if any(j.startswith(f"kueue-{uid}") for uid in uids)]
+        return not any((seen := state.jobs.get(j)) is not None and seen.may_hold_gpus() for j in ids)
+
+    wait_for(free, 30, "the platform to let go of the deleted Jobs")
 
 
 def running_in_platform(platform: Platform, job: str) -> bool:
@@ -178,8 +201,8 @@ def running_in_platform(platform: Platform, job: str) -> bool:
 def test_a_job_within_budget_is_admitted_unsuspended_and_metered_exactly(
     kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
 ) -> None:
-    spaces = queue_for(kube, "cq-admit", ["rich"])
     with controllers():
+        spaces = queue_for(kube, "cq-admit", ["rich"])
         job = gpu_job(kube, spaces["rich"], "team", "train", gpus=2, labels=HOUR)
         assert job["spec"]["suspend"] is True
         admitted = await_workload(kube, job, "Admitted")
@@ -207,30 +230,33 @@ def test_a_job_within_budget_is_admitted_unsuspended_and_metered_exactly(
 def test_an_over_budget_job_is_rejected_with_the_sentence_and_never_unsuspended(
     kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
 ) -> None:
-    spaces = queue_for(kube, "cq-reject", ["broke"])
     with controllers():
+        spaces = queue_for(kube, "cq-reject", ["broke"])
         job = gpu_job(kube, spaces["broke"], "team", "big", gpus=2, labels=HOUR,
                       annotations={"allmende.io/priority-class": "non-preemptible"})  # fmt: skip
-        workload = wait_for(lambda: in_state(kube, job, "Rejected"), 30, "the check rejected")
-        message = check_message(workload, CHECK)
-        assert (
-            message.startswith("allmende: reject: ")
-            and "Over budget only preemptible jobs may run" in message
-        )
+        # Kueue deactivates a workload whose check is Rejected (and resets the check as it evicts)
+        workload = wait_for(lambda: inactive(kube, job), 30, "Kueue to deactivate the workload")
+        evicted = condition(workload, "Evicted") or {}
+        assert evicted.get("reason") == "DeactivatedDueToAdmissionCheck", workload.get("status")
         decision = platform.admission.state.decisions[f"kueue-{workload['metadata']['uid']}"]
-        assert decision.verdict == "reject" and decision.reasons[0].message in message
-        wait_for(lambda: (workload_of(kube, job) or {}).get("spec", {}).get("active") is False, 30,
-                 "Kueue to deactivate the workload")  # fmt: skip
+        assert decision.verdict == "reject"
+        sentence = " ".join(r.message for r in decision.reasons)
+        assert "Over budget only preemptible jobs may run" in sentence
+        # The researcher reads the sentence on the Job, and in the Workload's events (Kueue's).
+        assert annotation(kube, job, NOTE) == f"allmende: reject: {sentence}"
+        events = kube.get(f"/api/v1/namespaces/{spaces['broke']}/events")["items"]
+        said = [e["message"] for e in events if e["involvedObject"]["name"] == workload["metadata"]["name"]]
+        assert any(sentence in m for m in said), said
         time.sleep(1.5)
         assert suspended(kube, job) and not is_true(workload_of(kube, job) or {}, "Admitted")
-    delete(kube, job)
+        let_go(kube, platform, job)
 
 
 def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_opportunistic_one(
     kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
 ) -> None:
-    spaces = queue_for(kube, "cq-queue", ["spent", "broke"])
     with controllers():
+        spaces = queue_for(kube, "cq-queue", ["spent", "broke"])
         # Over budget and preemptible on all 8 GPUs: the opportunistic lane.
         blocker = gpu_job(
             kube, spaces["spent"], "team", "blocker", gpus=8, labels=HOUR, annotations=PREEMPTIBLE
@@ -266,8 +292,9 @@ def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_o
 
         # The blocker evicted through its check (Retry, with the reason), its Job suspended, its run charged.
         wait_for(lambda: suspended(kube, blocker), 30, "Kueue to suspend the preempted blocker")
-        evicted = workload_of(kube, blocker) or {}
-        assert check_message(evicted, CHECK).startswith(f"allmende: preempted for {small_id}")
+        # (said on the Job until its pods stop and it asks again, as a new request)
+        assert (annotation(kube, blocker, NOTE) or "").startswith(f"allmende: preempted for {small_id}")
+        stop_pods(kube, blocker, now_s())
         wait_for(lambda: not running_in_platform(platform, blocker_id), 30, "the platform to see the run end")
         charged = wait_for(lambda: platform.gpu_seconds(blocker_id), 60, "the blocker's run charged")
         seen = platform.admission.state.jobs[blocker_id]
@@ -277,8 +304,7 @@ def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_o
         wait_for(lambda: running_in_platform(platform, small_id), 30, "the platform to see the small run")
         complete(kube, small, ran + 1)
         wait_for(lambda: platform.gpu_seconds(small_id) == 4, 60, "the small run charged")
-    delete(kube, blocker)
-    delete(kube, small)
+        let_go(kube, platform, blocker, small)
 
 
 def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_windows(
@@ -286,8 +312,8 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
 ) -> None:
     # Kueue's quota is the platform's 8 GPUs: lab's workload gets no quota while the blocker runs,
     # so its check is never reached; the controller's dry run at a resync finds the victims.
-    spaces = queue_for(kube, "cq-window", ["spent", "lab"], gpus=8)
     with controllers():
+        spaces = queue_for(kube, "cq-window", ["spent", "lab"], gpus=8)
         blocker = gpu_job(
             kube, spaces["spent"], "team", "blocker", gpus=8, labels=HOUR, annotations=PREEMPTIBLE
         )
@@ -299,14 +325,19 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
 
         window = gpu_job(kube, spaces["lab"], "team", "window", gpus=8, labels=HOUR)
         window_id = job_id(kube, window)
+        # The controller's dry run at a resync names the blocker; its check set to Retry, Kueue
+        # suspends it; the job controller stops its pods; Kueue gives lab the quota; the check admits.
+        wait_for(lambda: suspended(kube, blocker), 30, "Kueue to suspend the opportunistic blocker")
+        assert (annotation(kube, blocker, NOTE) or "").startswith(f"allmende: preempted for {window_id}")
+        stop_pods(kube, blocker, now_s())
         admitted = await_workload(kube, window, "Admitted", timeout=60)
         assert check_states(admitted) == {CHECK: "Ready"}
         decision = platform.admission.state.decisions[window_id]
         assert (decision.verdict, decision.lane) == ("admit", "time-slice")
         wait_for(lambda: not suspended(kube, window), 30, "the window's Job unsuspended")
-        assert suspended(kube, blocker)
-        evicted = workload_of(kube, blocker) or {}
-        assert check_message(evicted, CHECK).startswith(f"allmende: preempted for {window_id}")
+        assert [v.job_id for v in decision.preempt] == [blocker_id]
+        assert suspended(kube, blocker)  # asked again as a new request: queued behind lab's window
+        wait_for(lambda: "0 idle" in (annotation(kube, blocker, NOTE) or ""), 30, "the blocker queued")
         charged = wait_for(lambda: platform.gpu_seconds(blocker_id), 60, "the blocker's run charged")
         seen = platform.admission.state.jobs[blocker_id]
         assert seen.preemptions and charged == (seen.preemptions[-1][0] - began) * 8
@@ -315,21 +346,22 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
         wait_for(lambda: running_in_platform(platform, window_id), 30, "the platform to see the window's run")
         complete(kube, window, ran + 2)
         wait_for(lambda: platform.gpu_seconds(window_id) == 16, 60, "the window's run charged")
-    delete(kube, blocker)
-    delete(kube, window)
+        let_go(kube, platform, blocker, window)
 
 
 def test_a_controller_restarted_between_the_answer_and_the_status_decides_nothing_twice(
     kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
 ) -> None:
-    spaces = queue_for(kube, "cq-restart", ["rich"])
+    with controllers():  # the check active (Kueue keeps the queue inactive until then)
+        spaces = queue_for(kube, "cq-restart", ["rich"])
     job = gpu_job(kube, spaces["rich"], "team", "train", gpus=1, labels=HOUR)
     reserved = await_workload(kube, job, "QuotaReserved")
     assert check_states(reserved) == {CHECK: "Pending"}  # no controller yet
     # A controller asks and stops before writing the check (as a crash there would).
     first = built(KueueConfig(api_url=platform.url, token=TOKEN, kubeconfig=kube.kubeconfig, cluster=CLUSTER,
                               flavors={FLAVOR: Flavor(gpu_type="H100")}))  # fmt: skip
-    answer = first.ask(ask_of(reserved, current(kube, job), None, first.config), dry_run=False)
+    namespace = kube.get(f"/api/v1/namespaces/{spaces['rich']}")
+    answer = first.ask(ask_of(reserved, current(kube, job), namespace, first.config), dry_run=False)
     jid = f"kueue-{reserved['metadata']['uid']}"
     assert (answer["verdict"], answer["job_id"], answer["attempt"]) == ("admit", jid, 1)
     with controllers():  # the next controller asks again: the same answer, nothing decided twice
