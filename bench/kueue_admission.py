@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,7 @@ class Stamps:
     def __init__(self) -> None:
         self.reserved: dict[str, float] = {}
         self.admitted: dict[str, float] = {}
+        self.ready: dict[str, float] = {}  # our check first seen Ready
         self.queue: dict[str, str] = {}
         self.stop = threading.Event()
 
@@ -171,6 +173,17 @@ class Stamps:
                     self.reserved.setdefault(uid, seen)
                 if conditions.get("Admitted") == "True":
                     self.admitted.setdefault(uid, seen)
+                checks = {c["name"]: c["state"] for c in obj.get("status", {}).get("admissionChecks") or []}
+                if checks.get(CHECK) == "Ready":
+                    self.ready.setdefault(uid, seen)
+
+    def split_ms(self) -> tuple[list[float], list[float]]:
+        """With the check: reserved -> Ready (the controller and the admission API), Ready ->
+        admitted (Kueue)."""
+        both = [u for u in self.admitted if u in self.ready and u in self.reserved]
+        ours = sorted(1000 * (self.ready[u] - self.reserved[u]) for u in both)
+        kueue = sorted(1000 * (self.admitted[u] - self.ready[u]) for u in both)
+        return ours, kueue
 
     def latencies_ms(self, queue: str) -> list[float]:
         return sorted(
@@ -178,6 +191,18 @@ class Stamps:
             for u, q in self.queue.items()
             if q == queue and u in self.admitted and u in self.reserved
         )
+
+
+def controller_timings(log: Path) -> dict[str, list[float]]:
+    """The admission API's answer (`ask_ms`) and the check's write (`write_ms`) of each check the
+    controller set, from its log lines (`kueue_check_set`)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return {
+        f"admission API {name}" if name == "ask" else f"status {name}": sorted(
+            float(x) for x in re.findall(rf'{name}_ms["=: ]+([0-9.]+)', text)
+        )
+        for name in ("ask", "write")
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -222,7 +247,7 @@ def main() -> int:
             "ALLMENDE_KUEUE_TOPIC_PREFIX": tag,
             "ALLMENDE_KUEUE_SPOOL_DIR": str(tmp / "spool"),
             "ALLMENDE_KUEUE_METRICS_PORT": "0",
-            "ALLMENDE_LOG_LEVEL": "WARNING",
+            "ALLMENDE_LOG_LEVEL": "INFO",
         }
         controller = Child(
             python_module("allmende", "kueue", "controller"),
@@ -278,6 +303,20 @@ def main() -> int:
         f"added by the check: p50 {added_p50:.1f} ms, p99 {added:.1f} ms "
         f"(target at most {TARGET_MS:.0f} ms: {'met' if met else 'NOT met'}); "
         f"mean {statistics.fmean(rows['checked'] or [float('nan')]):.1f} ms"
+    )
+    ours, kueue = stamps.split_ms()
+    say.print(
+        f"  of which reserved -> check Ready (controller + admission API): p50 {percentile(ours, 0.5):.1f} "
+        f"p99 {percentile(ours, 0.99):.1f} ms; Ready -> admitted (Kueue): p50 {percentile(kueue, 0.5):.1f} "
+        f"p99 {percentile(kueue, 0.99):.1f} ms"
+    )
+    timings = controller_timings(tmp / "controller.log")
+    say.print(
+        "  the controller's calls (its log): "
+        + "; ".join(
+            f"{name} p50 {percentile(v, 0.5):.1f} p99 {percentile(v, 0.99):.1f} ms"
+            for name, v in timings.items()
+        )
     )
     say.print(f"logs: {tmp}")
     return 0 if len(stamps.admitted) == total else 1

@@ -566,6 +566,7 @@ def _write_kueue_configuration(
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {"frameworks": ["batch/job"]},
+        "clientConnection": {"qps": 200, "burst": 400},
     }
     path.write_text(yaml.safe_dump(configuration, sort_keys=False))
     return path

@@ -33,6 +33,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -106,6 +107,9 @@ class Controller:
     _wake: threading.Condition = field(default_factory=threading.Condition)
     _stop: threading.Event = field(default_factory=threading.Event)
     _spooled: threading.Event = field(default_factory=threading.Event)
+    _notes: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kueue-notes")
+    )
 
     def __post_init__(self) -> None:
         self.custom = k8s.CustomObjectsApi(self.api)
@@ -146,16 +150,19 @@ class Controller:
                 return name, state
         return None
 
-    def set_check(self, workload: Obj, check: str, state: str, message: str) -> None:
+    def set_check(self, workload: Obj, check: str, state: str, message: str, **timing: float) -> None:
         body = check_patch(workload, check, state, message, self.now(), self.config.retry_after_s)
         meta = workload["metadata"]
+        started = time.perf_counter()
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, meta["namespace"], "workloads", meta["name"], body,
             field_manager=FIELD_MANAGER, force=True, _content_type="application/apply-patch+yaml",
         )  # fmt: skip
         KUEUE_CHECKS_SET.labels(state=state).inc()
+        written_ms = round(1000 * (time.perf_counter() - started), 1)
+        name = f"{meta['namespace']}/{meta['name']}"
         log.info(
-            "kueue_check_set", workload=f"{meta['namespace']}/{meta['name']}", state=state, message=message
+            "kueue_check_set", workload=name, state=state, message=message, write_ms=written_ms, **timing
         )
 
     def note(self, workload: Obj, message: str) -> None:
@@ -166,8 +173,10 @@ class Controller:
             return
         meta = job["metadata"]
         body = {"metadata": {"annotations": {NOTE: message[:NOTE_MAX]}}}
-        self.jobs[meta["uid"]] = self.api.sanitize_for_serialization(
-            self.batch.patch_namespaced_job(meta["name"], meta["namespace"], body)
+        # Written by a thread of its own, in order: the next workload's answer does not wait for it
+        # (the Job's watch brings the annotation back into the cache).
+        self._notes.submit(
+            self._safely, self.batch.patch_namespaced_job, meta["name"], meta["namespace"], body
         )
 
     # -- asking ----------------------------------------------------------------------------------
@@ -196,14 +205,18 @@ class Controller:
             if answer["verdict"] == "queue":
                 self.set_check(workload, check, "Retry", check_message(answer))
                 return
+        started = time.perf_counter()
         answer = self.ask(ask, dry_run=False)
+        asked_ms = round(1000 * (time.perf_counter() - started), 1)
         if answer["verdict"] == "queue":
             self.queued.add(ask.job_id)
         else:
             self.queued.discard(ask.job_id)
         if answer["verdict"] == "admit" and self.config.preempt:
             self.preempt(answer.get("preempt") or [], ask.job_id)
-        self.set_check(workload, check, CHECK_STATE[answer["verdict"]], check_message(answer))
+        self.set_check(
+            workload, check, CHECK_STATE[answer["verdict"]], check_message(answer), ask_ms=asked_ms
+        )
         self.note(workload, check_message(answer))
 
     def preempt(self, victims: list[Mapping[str, Any]], for_job: str) -> None:
@@ -399,14 +412,25 @@ class Controller:
                 next_resync = time.monotonic() + self.config.resync_s
                 keys |= set(list(self.workloads))
                 self._refresh_checks()
-            for key in sorted(keys):
+            for key in sorted(keys, key=self._urgency):
                 self._reconcile_safely(key, resync)
+
+    def _urgency(self, key: str) -> tuple[int, str]:
+        """Checks waiting for an answer first (Kueue holds their quota meanwhile), then the rest."""
+        workload = self.workloads.get(key)
+        ours = self.our_check(workload) if workload is not None else None
+        waiting = (
+            ours is not None
+            and ours[1].get("state") == "Pending"
+            and is_true(workload or {}, "QuotaReserved")
+        )
+        return (0 if waiting else 1, key)
 
     def _reconcile_safely(self, key: str, resync: bool) -> None:
         if not self._safely(self.reconcile, key, resync):
             self._retry_later(key)
 
-    def _safely(self, call: Callable[..., None], *args: Any) -> bool:
+    def _safely(self, call: Callable[..., object], *args: Any) -> bool:
         """Run one step of the worker; False (logged, counted) if it failed."""
         try:
             call(*args)
@@ -503,6 +527,7 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        self._notes.shutdown(wait=False)
         with self._wake:
             self._wake.notify_all()
 

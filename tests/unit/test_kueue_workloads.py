@@ -233,3 +233,16 @@ def test_failed_never_started_and_deleted_jobs() -> None:
     assert isinstance(cancelled, JobFinished)
     assert (cancelled.status, cancelled.occurred_at) == (FinishStatus.CANCELLED, T0 + 120)
     assert plan_deleted(ASK, job(started=T0, done=("Complete", T0 + 5)), T0 + 120, "k") == []
+
+
+def test_an_admitted_job_deleted_before_it_ran_is_closed_at_once() -> None:
+    assert plan_deleted(ASK, job(), T0 + 50, "k") == []  # never admitted: nothing to release
+    closed = plan_deleted(ASK, job(), T0 + 50, "k", admitted=True)
+    assert [type(e) for e in closed] == [JobSubmitted, JobFinished]
+    finished = closed[-1]
+    assert isinstance(finished, JobFinished)
+    assert (finished.status, finished.started_at, finished.occurred_at) == (
+        FinishStatus.CANCELLED,
+        T0 + 50,
+        T0 + 50,
+    )
