@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from allmende.core.kafka_local import free_port
+from allmende.core.metrics import KUEUE_ERRORS
 from allmende.core.settings import Settings
 from allmende.integrations.kueue.config import Flavor, KueueConfig
 from allmende.integrations.kueue.controller import NOTE, Controller, admission_client, kubernetes_client
@@ -100,8 +102,9 @@ def budget_check(kube: KubeCluster) -> str:
 @pytest.fixture
 def controllers(
     kube: KubeCluster, platform: Platform, budget_check: str, tmp_path: Path
-) -> Iterator[Callable[[], AbstractContextManager[Controller]]]:
-    """Start a controller (in a thread; stopped on leaving): the same spool each time in a test."""
+) -> Iterator[Callable[..., AbstractContextManager[Controller]]]:
+    """Start a controller (in a thread; stopped on leaving): the same spool each time in a test;
+    keyword arguments change its configuration."""
     settings = platform.settings
     config = KueueConfig(
         api_url=platform.url, token=TOKEN, kubeconfig=kube.kubeconfig, cluster=CLUSTER,
@@ -111,8 +114,8 @@ def controllers(
     )  # fmt: skip
 
     @contextmanager
-    def running() -> Iterator[Controller]:
-        controller = built(config)
+    def running(**changes: Any) -> Iterator[Controller]:
+        controller = built(config.model_copy(update=changes))
         thread = threading.Thread(target=controller.run, name="kueue-controller", daemon=True)
         thread.start()
         try:
@@ -198,7 +201,7 @@ def running_in_platform(platform: Platform, job: str) -> bool:
 
 # -- the tests ------------------------------------------------------------------------------------
 def test_a_job_within_budget_is_admitted_unsuspended_and_metered_exactly(
-    kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
 ) -> None:
     with controllers():
         spaces = queue_for(kube, "cq-admit", ["rich"])
@@ -227,7 +230,7 @@ def test_a_job_within_budget_is_admitted_unsuspended_and_metered_exactly(
 
 
 def test_an_over_budget_job_is_rejected_with_the_sentence_and_never_unsuspended(
-    kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
 ) -> None:
     with controllers():
         spaces = queue_for(kube, "cq-reject", ["broke"])
@@ -252,7 +255,7 @@ def test_an_over_budget_job_is_rejected_with_the_sentence_and_never_unsuspended(
 
 
 def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_opportunistic_one(
-    kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
 ) -> None:
     with controllers():
         spaces = queue_for(kube, "cq-queue", ["spent", "broke"])
@@ -307,7 +310,7 @@ def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_o
 
 
 def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_windows(
-    kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
 ) -> None:
     # Kueue's quota is the platform's 8 GPUs: lab's workload gets no quota while the blocker runs,
     # so its check is never reached; the controller's dry run at a resync finds the victims.
@@ -349,7 +352,7 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
 
 
 def test_a_controller_restarted_between_the_answer_and_the_status_decides_nothing_twice(
-    kube: KubeCluster, platform: Platform, controllers: Callable[[], AbstractContextManager[Controller]]
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
 ) -> None:
     with controllers():  # the check active (Kueue keeps the queue inactive until then)
         spaces = queue_for(kube, "cq-restart", ["rich"])
@@ -377,3 +380,52 @@ def test_a_controller_restarted_between_the_answer_and_the_status_decides_nothin
         wait_for(lambda: running_in_platform(platform, jid), 30, "the platform to see the run")
         complete(kube, job, ran + 1)
         wait_for(lambda: platform.gpu_seconds(jid) == 1, 60, "the run charged")
+
+
+# -- faults ---------------------------------------------------------------------------------------
+def errors(kind: str) -> float:
+    return KUEUE_ERRORS.labels(kind=kind)._value.get()
+
+
+def test_with_the_admission_api_away_the_check_stays_pending_and_nothing_is_decided(
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]]
+) -> None:
+    with controllers():
+        spaces = queue_for(kube, "cq-api-away", ["rich"])
+    job = gpu_job(kube, spaces["rich"], "team", "train", gpus=1, labels=HOUR)
+    before = errors("admission")
+    with controllers(api_url=f"http://127.0.0.1:{free_port()}"):  # nobody listens there
+        reserved = await_workload(kube, job, "QuotaReserved")
+        wait_for(lambda: errors("admission") >= before + 2, 30, "the controller to try (and try again)")
+        assert check_states(workload_of(kube, job) or {}) == {CHECK: "Pending"}
+        assert suspended(kube, job)
+    jid = f"kueue-{reserved['metadata']['uid']}"
+    assert jid not in platform.admission.state.decisions
+    with controllers():  # the API back: asked, admitted
+        await_workload(kube, job, "Admitted")
+        assert platform.admission.state.decisions[jid].verdict == "admit"
+        let_go(kube, platform, job)
+
+
+def test_with_kafka_away_the_runs_wait_in_the_spool_and_are_charged_exactly_after(
+    kube: KubeCluster, platform: Platform, controllers: Callable[..., AbstractContextManager[Controller]],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    with controllers():
+        spaces = queue_for(kube, "cq-kafka-away", ["rich"])
+        job = gpu_job(kube, spaces["rich"], "team", "train", gpus=2, labels=HOUR)
+        jid = f"kueue-{await_workload(kube, job, 'Admitted')['metadata']['uid']}"
+    began = now_s() - 20
+    with controllers(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", send_timeout_s=1.0):  # no broker
+        start(kube, job, began)
+        complete(kube, job, began + 11)
+        spool = Spool(tmp_path / "spool")
+        wait_for(lambda: len(spool.pending()) >= 3, 30, "the run's events in the spool")
+        time.sleep(2)
+        assert platform.gpu_seconds(jid) is None and len(spool.pending()) >= 3
+    with controllers():  # Kafka back: the spool is sent, the run charged once
+        wait_for(lambda: platform.gpu_seconds(jid) == 11 * 2, 60, "the run charged")
+        wait_for(lambda: not Spool(tmp_path / "spool").pending(), 30, "the spool emptied")
+        time.sleep(1)
+        assert platform.gpu_seconds(jid) == 22
+        let_go(kube, platform, job)
