@@ -384,7 +384,7 @@ def test_a_controller_restarted_between_the_answer_and_the_status_decides_nothin
 
 # -- faults ---------------------------------------------------------------------------------------
 def errors(kind: str) -> float:
-    return KUEUE_ERRORS.labels(kind=kind)._value.get()
+    return float(KUEUE_ERRORS.labels(kind=kind)._value.get())  # the process's own counter
 
 
 def test_with_the_admission_api_away_the_check_stays_pending_and_nothing_is_decided(
