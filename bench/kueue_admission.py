@@ -49,13 +49,14 @@ from rich.progress import Progress
 
 from allmende.core.kafka_local import LocalBroker, free_port
 from allmende.core.supervisor import Child, python_module
-from allmende.testing.kubernetes import KubeCluster, running_kubernetes
+from allmende.testing.kubernetes import KubeCluster, gpu_job_manifest, running_kubernetes
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 API = "kueue.x-k8s.io/v1beta2"
 CHECK, FLAVOR, QUEUES = "allmende-budget", "h100", ("checked", "plain")
 GPUS = (1, 2, 4, 8)
 TARGET_MS = 100.0
+HOUR = {"kueue.x-k8s.io/max-exec-time-seconds": "3600"}
 
 
 def kube_objects(kube: KubeCluster) -> None:
@@ -115,35 +116,6 @@ def kube_objects(kube: KubeCluster) -> None:
                 "spec": {"clusterQueue": queue},
             },
         )
-
-
-def job(namespace: str, name: str, gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/max-exec-time-seconds": "3600"},
-        },
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "registry.example/train:1",
-                            "resources": {
-                                "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
-                                "limits": {"nvidia.com/gpu": str(gpus)},
-                            },
-                        }
-                    ],
-                }
-            }
-        },
-    }
 
 
 class Stamps:
@@ -279,9 +251,8 @@ def main() -> int:
                 due = t0 + n / args.rate
                 time.sleep(max(0.0, due - time.perf_counter()))
                 queue = QUEUES[n % 2]
-                kube.create(
-                    f"/apis/batch/v1/namespaces/{queue}/jobs", job(queue, f"j{n}", GPUS[(n // 2) % 4])
-                )
+                job = gpu_job_manifest(queue, "team", f"j{n}", GPUS[(n // 2) % 4], labels=HOUR)
+                kube.create(f"/apis/batch/v1/namespaces/{queue}/jobs", job)
                 progress.update(task, completed=n + 1)
             deadline = time.monotonic() + 120
             while len(stamps.admitted) < total and time.monotonic() < deadline:

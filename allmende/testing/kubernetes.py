@@ -593,3 +593,28 @@ def _webhook_suspends_jobs(cluster: KubeCluster) -> bool:
     except (KubernetesError, httpx.HTTPError):
         return False  # the webhook not answering yet (failurePolicy: Fail), or no default namespace yet
     return created.get("spec", {}).get("suspend") is True
+
+
+def gpu_job_manifest(
+    namespace: str, queue: str, name: str, gpus: int,
+    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A batch/v1 Job of one pod asking for `gpus` GPUs, queued in the LocalQueue `queue`."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    container = {"name": "train", "image": "registry.example/train:1",
+                 "resources": {"requests": {"cpu": "1", **limits}, "limits": limits}}  # fmt: skip
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": queue, **(labels or {})},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "parallelism": 1,
+            "completions": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        },
+    }

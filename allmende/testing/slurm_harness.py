@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 import pwd
 import subprocess
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from allmende.core.settings import Settings
 from allmende.integrations.slurm import local
@@ -22,7 +26,9 @@ from allmende.integrations.slurm.local import (  # noqa: F401  (the tests and be
     hook_python,
     quarter_bounds,
 )
+from allmende.testing.budget_harness import ADMIN, ok, serving, with_tokens
 from allmende.testing.harness import MeterWorker, wait_until
+from allmende.topology import create_app
 
 SLURM_CLUSTER = "pytest"  # Slurm's ClusterName
 TOKEN = "sched-secret"  # budget_harness.with_tokens' scheduler token
@@ -57,6 +63,30 @@ class Platform:
             "topic_prefix": self.settings.topic_prefix,
             **values,
         }
+
+
+@contextlib.contextmanager
+def running_platform(
+    kafka_bootstrap: str, chdb_dsn: str, tmp: Path, plan: str, prefix: str = "t", **changes: Any
+) -> Iterator[Platform]:
+    """The API on the real clock (a scheduler's jobs run now) on the test broker and chDB, with
+    topics and a database of its own and `plan` applied, and a meter worker; `changes` to its
+    settings."""
+    tag = f"{prefix}{uuid.uuid4().hex[:10]}"
+    settings = Settings(
+        kafka_bootstrap_servers=kafka_bootstrap, clickhouse_dsn=chdb_dsn, clickhouse_database=tag,
+        topic_prefix=tag, topic_partitions=2, meter_app_id=f"{tag}-meter", meter_data_dir=tmp / "faust",
+        writer_group=f"{tag}-writer", writer_batch_wait_ms=100, log_json=False, **changes,
+    )  # fmt: skip
+    app = create_app(with_tokens(settings))
+    with serving(app) as url:
+        ok(httpx.post(f"{url}/v1/admin/plan/apply", json={"text": plan}, headers=ADMIN, timeout=60))
+        meter = MeterWorker(settings, tmp / "logs")
+        try:
+            meter.wait_ready()
+            yield Platform(settings, url, app, meter)
+        finally:
+            meter.kill()
 
 
 def wait_for(check: Any, timeout: float, what: str, slurm: SlurmCluster | None = None) -> Any:

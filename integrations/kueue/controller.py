@@ -99,6 +99,7 @@ class Controller:
     namespaces: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)  # job ids whose last real answer was queue
     evicting: set[str] = field(default_factory=set)  # victims whose check we set to Retry
+    admitted: set[str] = field(default_factory=set)  # job ids whose check we set Ready
     sent: dict[str, set[str]] = field(default_factory=dict)  # workload uid -> event ids spooled
     asks: dict[str, Ask] = field(default_factory=dict)  # workload uid -> its request (attribution)
     owners: dict[str, str] = field(default_factory=dict)  # Job uid -> its Workload's uid
@@ -306,6 +307,7 @@ class Controller:
             return  # not admissible, or admissible without anyone leaving: Kueue's quota is the limit
         answer = self.ask(ask, dry_run=False)
         if answer["verdict"] == "admit":
+            self.admitted.add(ask.job_id)
             self.preempt(answer.get("preempt") or [], ask.job_id)
             self.note(workload, check_message(answer))
 
@@ -342,7 +344,10 @@ class Controller:
         if uid is None or ask is None:
             return
         ask = replace(ask, job_id=f"kueue-{uid}" + (f"-{n}" if (n := preemptions(job)) else ""))
-        admitted = _annotations(job).get(NOTE, "").startswith("allmende: admit:")
+        # admitted by this controller, or (a restart since) by the Job's note
+        admitted = ask.job_id in self.admitted or _annotations(job).get(NOTE, "").startswith(
+            "allmende: admit:"
+        )
         events = plan_deleted(ask, job, int(self.now().timestamp()), self.config.producer, admitted)
         self.spool_events(uid, Plan(events, {}), None)
         if not any(w["metadata"]["uid"] == uid for w in list(self.workloads.values())):
@@ -359,9 +364,9 @@ class Controller:
     def _drop(self, uid: str) -> None:
         for table in (self.sent, self.asks):
             table.pop(uid, None)
-        for job_id in [j for j in self.queued | self.evicting if uid_of_job_id(j) == uid]:
-            self.queued.discard(job_id)
-            self.evicting.discard(job_id)
+        for job_id in [j for j in self.queued | self.evicting | self.admitted if uid_of_job_id(j) == uid]:
+            for kept in (self.queued, self.evicting, self.admitted):
+                kept.discard(job_id)
 
     # -- the loops -------------------------------------------------------------------------------
     def enqueue(self, key: str) -> None:

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from allmende.core.supervisor import wait_until
-from allmende.testing.kubernetes import KubeCluster
+from allmende.testing.kubernetes import KubeCluster, gpu_job_manifest
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -100,35 +100,8 @@ def gpu_job(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {QUEUE_LABEL: queue, **(labels or {})},
-            "annotations": annotations or {},
-        },
-        "spec": {
-            "parallelism": 1,
-            "completions": 1,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": "registry.example/train:1",
-                            "resources": {
-                                "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
-                                "limits": {"nvidia.com/gpu": str(gpus)},
-                            },
-                        }
-                    ],
-                }
-            },
-        },
-    }
+    """The Job created (as the API server stored it: suspended by Kueue's webhook)."""
+    job = gpu_job_manifest(namespace, queue, name, gpus, labels, annotations)
     return kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -25,18 +24,15 @@ import pytest
 
 from allmende.core.kafka_local import free_port
 from allmende.core.metrics import KUEUE_ERRORS
-from allmende.core.settings import Settings
 from allmende.integrations.kueue.config import Flavor, KueueConfig
 from allmende.integrations.kueue.controller import NOTE, Controller, admission_client, kubernetes_client
 from allmende.integrations.kueue.lifecycle import RUN_STARTED
 from allmende.integrations.kueue.workloads import ask_of
 from allmende.integrations.slurm.local import current_quarter, plan_text
 from allmende.integrations.spool import Spool
-from allmende.testing.budget_harness import ADMIN, ok, serving, with_tokens
-from allmende.testing.harness import MeterWorker
+from allmende.testing.budget_harness import ADMIN, ok
 from allmende.testing.kubernetes import KubeCluster
-from allmende.testing.slurm_harness import TOKEN, Platform, wait_for
-from allmende.topology import create_app
+from allmende.testing.slurm_harness import TOKEN, Platform, running_platform, wait_for
 from tests.kueue.objects import (
     KUEUE,
     KUEUE_API,
@@ -69,23 +65,12 @@ def platform(
     kafka_bootstrap: str, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
     """The API (real clock) with the quarter's plan for `k8s-test`, and a meter worker."""
-    tag = f"k{uuid.uuid4().hex[:10]}"
+    text = plan_text(dt.datetime.now(dt.UTC), "kueue-test", cluster=CLUSTER)
     tmp = tmp_path_factory.mktemp("kueue-platform")
-    settings = Settings(
-        kafka_bootstrap_servers=kafka_bootstrap, clickhouse_dsn=chdb_dsn, clickhouse_database=tag,
-        topic_prefix=tag, topic_partitions=2, meter_app_id=f"{tag}-meter", meter_data_dir=tmp / "faust",
-        writer_group=f"{tag}-writer", writer_batch_wait_ms=100, write_timeout_ms=3000, log_json=False,
-    )  # fmt: skip
-    app = create_app(with_tokens(settings))
-    with serving(app) as url:
-        text = plan_text(dt.datetime.now(dt.UTC), "kueue-test", cluster=CLUSTER)
-        ok(httpx.post(f"{url}/v1/admin/plan/apply", json={"text": text}, headers=ADMIN, timeout=60))
-        meter = MeterWorker(settings, tmp / "logs")
-        try:
-            meter.wait_ready()
-            yield Platform(settings, url, app, meter)
-        finally:
-            meter.kill()
+    with running_platform(
+        kafka_bootstrap, chdb_dsn, tmp, text, prefix="k", write_timeout_ms=3000
+    ) as platform:
+        yield platform
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +164,39 @@ def verdict(platform: Platform, job: str) -> str | None:
     return None if decided is None else str(decided.verdict)
 
 
+def opportunistic_blocker(
+    kube: KubeCluster, platform: Platform, namespace: str
+) -> tuple[dict[str, Any], str, int]:
+    """An over-budget, preemptible Job on all 8 GPUs (the opportunistic lane), running: the Job,
+    its job id, its start."""
+    blocker = gpu_job(kube, namespace, "team", "blocker", gpus=8, labels=HOUR, annotations=PREEMPTIBLE)
+    await_workload(kube, blocker, "Admitted")
+    blocker_id = job_id(kube, blocker)
+    assert platform.admission.state.decisions[blocker_id].lane == "opportunistic"
+    began = now_s()
+    start(kube, blocker, began)
+    wait_for(lambda: running_in_platform(platform, blocker_id), 30, "the platform to see the blocker run")
+    return blocker, blocker_id, began
+
+
+def charged_until_preempted(platform: Platform, job: str, began: int, gpus: int) -> None:
+    """The job's run charged exactly from its start to its preemption (as the platform has it)."""
+    charged = wait_for(lambda: platform.gpu_seconds(job), 60, f"{job}'s run charged")
+    seen = platform.admission.state.jobs[job]
+    assert seen.preemptions and charged == (seen.preemptions[-1][0] - began) * gpus
+
+
+def run_and_charge(
+    kube: KubeCluster, platform: Platform, job: dict[str, Any], job_id: str, seconds: int, gpus: int
+) -> None:
+    """The Job runs `seconds` from now (as the kubelet would say) and is charged exactly that."""
+    ran = now_s()
+    start(kube, job, ran)
+    wait_for(lambda: running_in_platform(platform, job_id), 30, f"the platform to see {job_id} run")
+    complete(kube, job, ran + seconds)
+    wait_for(lambda: platform.gpu_seconds(job_id) == seconds * gpus, 60, f"{job_id}'s run charged")
+
+
 def let_go(kube: KubeCluster, platform: Platform, *jobs: dict[str, Any]) -> None:
     """Delete the Jobs (the controller running) and wait until the platform holds no GPU for any
     of their workloads' job ids: the next test finds the cluster free."""
@@ -260,15 +278,7 @@ def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_o
     with controllers():
         spaces = queue_for(kube, "cq-queue", ["spent", "broke"])
         # Over budget and preemptible on all 8 GPUs: the opportunistic lane.
-        blocker = gpu_job(
-            kube, spaces["spent"], "team", "blocker", gpus=8, labels=HOUR, annotations=PREEMPTIBLE
-        )
-        await_workload(kube, blocker, "Admitted")
-        blocker_id = job_id(kube, blocker)
-        assert platform.admission.state.decisions[blocker_id].lane == "opportunistic"
-        began = now_s()
-        start(kube, blocker, began)
-        wait_for(lambda: running_in_platform(platform, blocker_id), 30, "the platform to see the blocker run")
+        blocker, blocker_id, began = opportunistic_blocker(kube, platform, spaces["spent"])
 
         # Over budget, preemptible, no idle GPUs: queued; Kueue's quota has room, the check says Retry.
         small = gpu_job(kube, spaces["broke"], "team", "small", gpus=4, labels=HOUR, annotations=PREEMPTIBLE)
@@ -298,14 +308,8 @@ def test_a_queued_job_is_retried_and_admitted_once_budget_frees_preempting_the_o
         assert (annotation(kube, blocker, NOTE) or "").startswith(f"allmende: preempted for {small_id}")
         stop_pods(kube, blocker, now_s())
         wait_for(lambda: not running_in_platform(platform, blocker_id), 30, "the platform to see the run end")
-        charged = wait_for(lambda: platform.gpu_seconds(blocker_id), 60, "the blocker's run charged")
-        seen = platform.admission.state.jobs[blocker_id]
-        assert seen.preemptions and charged == (seen.preemptions[-1][0] - began) * 8
-        ran = now_s()
-        start(kube, small, ran)
-        wait_for(lambda: running_in_platform(platform, small_id), 30, "the platform to see the small run")
-        complete(kube, small, ran + 1)
-        wait_for(lambda: platform.gpu_seconds(small_id) == 4, 60, "the small run charged")
+        charged_until_preempted(platform, blocker_id, began, 8)
+        run_and_charge(kube, platform, small, small_id, seconds=1, gpus=4)
         let_go(kube, platform, blocker, small)
 
 
@@ -316,14 +320,7 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
     # so its check is never reached; the controller's dry run at a resync finds the victims.
     with controllers():
         spaces = queue_for(kube, "cq-window", ["spent", "lab"], gpus=8)
-        blocker = gpu_job(
-            kube, spaces["spent"], "team", "blocker", gpus=8, labels=HOUR, annotations=PREEMPTIBLE
-        )
-        await_workload(kube, blocker, "Admitted")
-        blocker_id = job_id(kube, blocker)
-        began = now_s()
-        start(kube, blocker, began)
-        wait_for(lambda: running_in_platform(platform, blocker_id), 30, "the platform to see the blocker run")
+        blocker, blocker_id, began = opportunistic_blocker(kube, platform, spaces["spent"])
 
         window = gpu_job(kube, spaces["lab"], "team", "window", gpus=8, labels=HOUR)
         window_id = job_id(kube, window)
@@ -340,14 +337,8 @@ def test_a_time_slice_window_evicts_an_opportunistic_workload_and_admits_the_win
         assert [v.job_id for v in decision.preempt] == [blocker_id]
         assert suspended(kube, blocker)  # asked again as a new request: queued behind lab's window
         wait_for(lambda: "0 idle" in (annotation(kube, blocker, NOTE) or ""), 30, "the blocker queued")
-        charged = wait_for(lambda: platform.gpu_seconds(blocker_id), 60, "the blocker's run charged")
-        seen = platform.admission.state.jobs[blocker_id]
-        assert seen.preemptions and charged == (seen.preemptions[-1][0] - began) * 8
-        ran = now_s()
-        start(kube, window, ran)
-        wait_for(lambda: running_in_platform(platform, window_id), 30, "the platform to see the window's run")
-        complete(kube, window, ran + 2)
-        wait_for(lambda: platform.gpu_seconds(window_id) == 16, 60, "the window's run charged")
+        charged_until_preempted(platform, blocker_id, began, 8)
+        run_and_charge(kube, platform, window, window_id, seconds=2, gpus=8)
         let_go(kube, platform, blocker, window)
 
 

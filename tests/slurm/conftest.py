@@ -14,16 +14,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from allmende.core.settings import Settings
-from allmende.testing.budget_harness import ADMIN, ok, plan_text, serving, with_tokens
-from allmende.testing.harness import MeterWorker
+from allmende.testing.budget_harness import plan_text
 from allmende.testing.slurm_harness import (
     PLAN,
     PLATFORM_CLUSTER,
@@ -34,10 +30,10 @@ from allmende.testing.slurm_harness import (
     current_quarter,
     hook_python,
     quarter_bounds,
+    running_platform,
     running_slurm,
     wait_for,
 )
-from allmende.topology import create_app
 
 
 @pytest.fixture(scope="session")
@@ -64,27 +60,13 @@ def platform(
     slurm: SlurmCluster, kafka_bootstrap: str, chdb_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
     """The API (real clock) with the quarter's plan applied, and a meter worker."""
-    tag = f"t{uuid.uuid4().hex[:10]}"
+    now = dt.datetime.now(dt.UTC)
+    start, end = quarter_bounds(now)
+    text = plan_text(PLAN.format(period=current_quarter(now), cluster=PLATFORM_CLUSTER, start=start, end=end))
     tmp = tmp_path_factory.mktemp("platform")
-    settings = Settings(
-        kafka_bootstrap_servers=kafka_bootstrap, clickhouse_dsn=chdb_dsn, clickhouse_database=tag,
-        topic_prefix=tag, topic_partitions=2, meter_app_id=f"{tag}-meter", meter_data_dir=tmp / "faust",
-        writer_group=f"{tag}-writer", writer_batch_wait_ms=100, log_json=False,
-        admission_ticket_key_file=slurm.ticket_key_file,
-    )  # fmt: skip
-    app = create_app(with_tokens(settings))  # the real clock: Slurm's jobs run now
-    with serving(app) as url:
-        now = dt.datetime.now(dt.UTC)
-        start, end = quarter_bounds(now)
-        text = PLAN.format(period=current_quarter(now), cluster=PLATFORM_CLUSTER, start=start, end=end)
-        body = {"text": plan_text(text)}
-        ok(httpx.post(f"{url}/v1/admin/plan/apply", json=body, headers=ADMIN, timeout=60))
-        meter = MeterWorker(settings, tmp / "logs")
-        try:
-            meter.wait_ready()
-            yield Platform(settings, url, app, meter)
-        finally:
-            meter.kill()
+    with running_platform(kafka_bootstrap, chdb_dsn, tmp, text,
+                          admission_ticket_key_file=slurm.ticket_key_file) as platform:  # fmt: skip
+        yield platform
 
 
 class RunningAgent:
