@@ -66,6 +66,7 @@ from allmende.integrations.kueue.workloads import (
     check_state,
     is_true,
     job_id_of,
+    kueue_job_id,
     owner_job,
     preemptions,
     uid_of_job_id,
@@ -116,6 +117,7 @@ class Controller:
         self.custom = k8s.CustomObjectsApi(self.api)
         self.batch = k8s.BatchV1Api(self.api)
         self.core = k8s.CoreV1Api(self.api)
+        self.topic = self.config.job_events_topic()  # (builds the platform's Settings: once, not per event)
         register(KUEUE)
 
     # -- the checks ------------------------------------------------------------------------------
@@ -316,16 +318,15 @@ class Controller:
         it is now."""
         sent = self.sent.setdefault(uid, set())
         new = [e for e in planned.events if e.event_id not in sent]
-        topic = self.config.job_events_topic()
         for event in new:
-            self.spool.put(topic, event.job_id, encode_event(event))
+            self.spool.put(self.topic, event.job_id, encode_event(event))
             sent.add(event.event_id)
             KUEUE_JOB_EVENTS.inc()
         if new:
             self._spooled.set()
         if job is None:
             return None
-        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        annotations = _annotations(job)
         changes = {k: v for k, v in planned.annotations.items() if annotations.get(k) != v}
         if changes:
             meta = job["metadata"]
@@ -343,7 +344,7 @@ class Controller:
         ask = self.asks.get(uid) if uid else None
         if uid is None or ask is None:
             return
-        ask = replace(ask, job_id=f"kueue-{uid}" + (f"-{n}" if (n := preemptions(job)) else ""))
+        ask = replace(ask, job_id=kueue_job_id(uid, preemptions(job)))
         # admitted by this controller, or (a restart since) by the Job's note
         admitted = ask.job_id in self.admitted or _annotations(job).get(NOTE, "").startswith(
             "allmende: admit:"

@@ -29,6 +29,7 @@ from allmende.integrations.kueue.workloads import (
     condition,
     instant,
     is_true,
+    kueue_job_id,
     preemptions,
 )
 from allmende.schemas.events import (
@@ -124,7 +125,7 @@ def plan(ask: Ask, workload_uid: str, job: Obj, evicted_at: int | None, now: int
     state = run_state(job)
     n = preemptions(job)
     evicted_at = suspended_at(job) or evicted_at  # the job controller's record is the closer one
-    after = replace(ask, job_id=f"kueue-{workload_uid}-{n + 1}")  # the request after one more preemption
+    after = replace(ask, job_id=kueue_job_id(workload_uid, n + 1))  # the request after one more preemption
     if state.finished is not None:
         start = state.run_start
         if start is None:

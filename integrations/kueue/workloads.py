@@ -81,10 +81,13 @@ def preemptions(job: Obj | None) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def job_id_of(workload: Obj, job: Obj | None = None) -> str:
+def kueue_job_id(workload_uid: str, preempted_runs: int) -> str:
     """`kueue-<workload uid>`, and `-<n>` after n runs ended by preemption."""
-    n = preemptions(job)
-    return f"kueue-{workload['metadata']['uid']}" + (f"-{n}" if n else "")
+    return f"kueue-{workload_uid}" + (f"-{preempted_runs}" if preempted_runs else "")
+
+
+def job_id_of(workload: Obj, job: Obj | None = None) -> str:
+    return kueue_job_id(workload["metadata"]["uid"], preemptions(job))
 
 
 def uid_of_job_id(job_id: str) -> str | None:
